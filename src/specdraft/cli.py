@@ -1,0 +1,167 @@
+"""The command line: one table of commands, each a typed function; flags are generated from signatures.
+
+A parameter without default is positional; `bool` becomes --flag/--no-flag; `list[int]` takes several
+values; a dataclass parameter expands into one flag per field, documented by the field's trailing
+comment. Help texts come from the function's docstring `Args:` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+import sys
+import types
+import typing
+from importlib import import_module
+
+# name -> "module:function"; imported lazily so `specdraft --help` and `doctor` start fast
+COMMANDS = {
+    "prepare": "specdraft.data:prepare",
+    "extract": "specdraft.extract:extract",
+    "verify": "specdraft.cli:verify",
+    "train": "specdraft.train:train",
+    "eval": "specdraft.evaluate:evaluate",
+    "export": "specdraft.export:export",
+    "doctor": "specdraft.doctor:doctor",
+    "quickstart": "specdraft.quickstart:quickstart",
+}
+
+
+def verify(paths: list[str], quick: bool = False) -> int:
+    """Check extraction outputs against their manifests; report every problem found.
+
+    Args:
+        paths: one or more extraction directories (outputs of all --shard-index processes of one run).
+        quick: check counts, sizes and checksums only, without reading every tensor.
+    """
+    from specdraft.store import verify as run_verify
+
+    problems = run_verify(paths, deep=not quick)
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'} ({', '.join(paths)})")
+    return 1 if problems else 0
+
+
+def _arg_docs(fn) -> dict[str, str]:
+    doc = inspect.getdoc(fn) or ""
+    out, cur = {}, None
+    in_args = False
+    for line in doc.splitlines():
+        if line.strip() == "Args:":
+            in_args = True
+            continue
+        if in_args:
+            m = re.match(r"^\s{4}(\w+):\s*(.*)$", line)
+            if m:
+                cur = m.group(1)
+                out[cur] = m.group(2)
+            elif line.startswith("        ") and cur:
+                out[cur] += " " + line.strip()
+            elif line.strip():
+                in_args = False
+    return out
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """One-line field docs of a dataclass: the trailing `# comment` of each field line."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        for line in inspect.getsource(klass).splitlines():
+            m = re.match(r"^\s+(\w+)\s*:[^#]*#\s*(.*)$", line)
+            if m:
+                docs[m.group(1)] = m.group(2)
+    return docs
+
+
+def _unwrap(tp):
+    """(base type, is_list) of an annotation such as `int`, `list[int] | None`, `str | None`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _unwrap(args[0])
+    if origin in (list, tuple):
+        return typing.get_args(tp)[0], True
+    return tp, False
+
+
+def _add(parser, name: str, tp, default, help_text: str, positional: bool) -> None:
+    base, is_list = _unwrap(tp)
+    flag = name.replace("_", "-")
+    if positional:
+        parser.add_argument(name, type=base, nargs="+" if is_list else None, help=help_text)
+    elif base is bool:
+        parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction, default=default,
+                            help=help_text)  # fmt: skip
+    else:
+        shown = f" (default: {default})" if default not in (None, "", []) else ""
+        parser.add_argument(f"--{flag}", dest=name, type=base, nargs="+" if is_list else None, default=default,
+                            help=help_text + shown)  # fmt: skip
+
+
+def build_parser(fns: dict) -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dataclass_params: dict[str, dict[str, type]] = {}
+    for cmd, fn in fns.items():
+        doc = inspect.getdoc(fn) or ""
+        p = sub.add_parser(
+            cmd, help=doc.splitlines()[0] if doc else "", description=doc.split("\n\nArgs:")[0]
+        )
+        hints = typing.get_type_hints(fn)
+        docs = _arg_docs(fn)
+        dataclass_params[cmd] = {}
+        for pname, param in inspect.signature(fn).parameters.items():
+            tp = hints.get(pname, str)
+            if dataclasses.is_dataclass(tp):
+                dataclass_params[cmd][pname] = tp
+                fdocs = _field_docs(tp)
+                fhints = typing.get_type_hints(tp)
+                group = p.add_argument_group(pname)
+                for f in dataclasses.fields(tp):
+                    if not f.init:
+                        continue
+                    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                    _add(group, f.name, fhints[f.name], default, fdocs.get(f.name, ""), positional=False)
+                continue
+            positional = param.default is inspect.Parameter.empty
+            _add(p, pname, tp, None if positional else param.default, docs.get(pname, ""), positional)
+    return parser, dataclass_params
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # resolve only the command being run (others may need optional engines); help lists all names
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    fns = {}
+    for name, target in COMMANDS.items():
+        if wanted in (None, name) or wanted not in COMMANDS:
+            mod, fn = target.split(":")
+            try:
+                fns[name] = getattr(import_module(mod), fn)
+            except ImportError as e:
+                if wanted == name:
+                    raise SystemExit(f"specdraft {name}: cannot import {mod} ({e})") from e
+    parser, dc_params = build_parser(fns)
+    ns = vars(parser.parse_args(argv))
+    cmd = ns.pop("command")
+    fn = fns[cmd]
+    kwargs = {}
+    for pname, cls in dc_params[cmd].items():
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
+    kwargs.update(ns)
+    try:
+        result = fn(**kwargs)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"specdraft {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

