@@ -74,10 +74,10 @@ def chatml_tokenizer():
 
 
 def tiny_config(arch: str, vocab_size: int = 320):
-    """A tiny random config of one architecture family (hidden 64, 6 layers)."""
+    """A tiny random config of one architecture family (hidden 64, 8 layers)."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
     if arch == "llama":
         return tf.LlamaConfig(**common, tie_word_embeddings=False)
@@ -88,10 +88,15 @@ def tiny_config(arch: str, vocab_size: int = 320):
     if arch == "gemma":
         return tf.GemmaConfig(**common, head_dim=16)
     if arch == "gpt2":
-        return tf.GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=6, n_head=4, n_positions=256)
+        return tf.GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=8, n_head=4, n_positions=256)
     if arch == "qwen3_moe":
         return tf.Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=32, decoder_sparse_step=1)  # fmt: skip
+    if arch == "deepseek_v3":  # MLA attention + routed experts, first layer dense
+        return tf.DeepseekV3Config(**{**common, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
+                                   num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                                   q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                   v_head_dim=16)  # fmt: skip
     if arch == "llava":
         text = tf.LlamaConfig(**common)
         vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -100,7 +105,7 @@ def tiny_config(arch: str, vocab_size: int = 320):
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "mistral", "gemma", "gpt2", "qwen3_moe", "llava"]
+ARCHS = ["llama", "qwen2", "mistral", "gemma", "gpt2", "qwen3_moe", "deepseek_v3", "llava"]
 
 
 def build_tiny_model(arch: str, seed: int = 0):

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs.update(ns)
     try:
         result = fn(**kwargs)
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"specdraft {cmd}: error: {e}", file=sys.stderr)
         return 2
     return result if isinstance(result, int) and not isinstance(result, bool) else 0

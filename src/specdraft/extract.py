@@ -222,11 +222,16 @@ def extract(
 
 
 def _preflight(backend: str, model_dir: str, layer_ids: list[int], planned_bytes: int, out_dir: Path) -> None:
-    """Run doctor's engine checks for this backend; refuse to load a model when something would break."""
-    try:
-        from specdraft.doctor import preflight
-    except ImportError:  # doctor not installed in this build
-        return
-    preflight(
-        backend=backend, target=model_dir, layer_ids=layer_ids, planned_bytes=planned_bytes, out=str(out_dir)
-    )
+    """Run doctor's checks for this backend before any weight is loaded; refuse when something would break."""
+    from specdraft import engines
+    from specdraft.doctor import run_doctor
+
+    contracts = [c for name, c in engines.CONTRACTS.items() if backend == "vllm" or name != "vllm"]
+    report = run_doctor(target=model_dir, aux_layer_ids=layer_ids[:-1], planned_bytes=planned_bytes,
+                        out_dir=str(out_dir), contracts=contracts, quiet=True)  # fmt: skip
+    if report.exit_code:
+        print(report.format_text())
+        raise RuntimeError(
+            "extract: doctor found the problems above before loading the model; fix them, "
+            "or pass --skip-doctor to run anyway"
+        )

@@ -1,0 +1,118 @@
+"""Extraction throughput, measured side by side on the same batches in one run.
+
+    python benchmarks/extract.py [--target smollm2-135m] [--samples 24] [--max-length 256] [--repeats 3]
+
+Compares, interleaved round by round (this machine is noisy, so only ratios are meaningful):
+  plain     : the backbone's prefill, no capture (the floor)
+  hooks     : specdraft's HF capture of 4 layers + writing shards (what `specdraft extract` does)
+  hf_output : transformers' output_hidden_states=True, selecting the same 4 layers, + writing shards
+Prints tokens/s per method (median over rounds) and the overhead of each over plain prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdraft.capture.hf import HFCapture
+from specdraft.data import normalize, read_conversations, sharegpt_path, tokenize_conversation
+from specdraft.extract import token_batches
+from specdraft.store import write_shard
+from specdraft.targets import capture_layer_ids, load_target
+
+
+def real_batches(tgt, n: int, max_length: int, max_tokens: int) -> list[list[list[int]]]:
+    seqs = []
+    for _, raw in read_conversations(sharegpt_path()):
+        msgs, reason = normalize(raw)
+        if reason:
+            continue
+        seqs.append(tokenize_conversation(tgt.tokenizer, msgs)[0][:max_length])
+        if len(seqs) == n:
+            break
+    lengths = dict(enumerate(len(s) for s in seqs))
+    order = sorted(lengths, key=lambda s: -lengths[s])
+    return [[seqs[i] for i in b] for b in token_batches(order, lengths, max_tokens)]
+
+
+def padded(tgt, batch):
+    T = max(len(s) for s in batch)
+    ids = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T)
+    att = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T)
+    for b, s in enumerate(batch):
+        ids[b, : len(s)] = torch.tensor(s)
+        att[b, : len(s)] = 1
+    return ids, att
+
+
+def write(out: Path, k: int, batch, hs) -> None:
+    samples = {
+        i: {"input_ids": torch.tensor(s), "loss_mask": torch.ones(len(s)), "hidden": h}
+        for i, (s, h) in enumerate(zip(batch, hs))
+    }
+    write_shard(out, f"bench-{k:05d}", samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--max-tokens-per-batch", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tgt = load_target(args.target)
+    ids = capture_layer_ids(tgt.num_layers)
+    batches = real_batches(tgt, args.samples, args.max_length, args.max_tokens_per_batch)
+    n_tok = sum(len(s) for b in batches for s in b)
+    cap = HFCapture(tgt, ids)
+    tmp = Path(tempfile.mkdtemp(prefix="specdraft-bench-"))
+
+    @torch.inference_mode()
+    def plain():
+        for b in batches:
+            i, a = padded(tgt, b)
+            tgt.backbone(input_ids=i, attention_mask=a, use_cache=False)
+
+    def hooks():
+        for k, b in enumerate(batches):
+            write(tmp, k, b, cap.run(b))
+
+    @torch.inference_mode()
+    def hf_output():
+        for k, b in enumerate(batches):
+            i, a = padded(tgt, b)
+            hs = tgt.backbone(
+                input_ids=i, attention_mask=a, use_cache=False, output_hidden_states=True
+            ).hidden_states
+            # HF's last entry is after the final norm; the project's id L is before it, which HF does not return
+            st = torch.stack([hs[j] for j in ids], dim=2)  # (B, T, 4, H)
+            write(tmp, k, b, [st[r, : len(s)] for r, s in enumerate(b)])
+
+    methods = {"plain": plain, "hooks": hooks, "hf_output": hf_output}
+    times = {m: [] for m in methods}
+    plain()  # warm-up
+    names = list(methods)
+    for r in range(args.repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order every round
+            fn = methods[name]
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["plain"])
+    print(
+        f"target {args.target}: {len(batches)} batches, {n_tok} tokens, layers {ids}, {torch.get_num_threads()} threads"
+    )
+    print(f"{'method':<10} {'tok/s':>9} {'vs plain':>9}")
+    for name in methods:
+        t = statistics.median(times[name])
+        print(f"{name:<10} {n_tok / t:9.1f} {t / base - 1:+9.1%}")
+
+
+if __name__ == "__main__":
+    main()
