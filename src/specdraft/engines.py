@@ -1,0 +1,373 @@
+"""THE ENGINE CONTRACT: every external engine entry point specdraft calls, and how it calls it.
+
+One declaration per symbol we use in vLLM (and in transformers where we rely on more than the
+documented ``from_pretrained``/forward): where the symbol lives, how many positional arguments we
+pass, which keyword names we pass, which attributes we read on its instances, and what we expect
+back. Backends never ``import vllm`` themselves; they go through :func:`get`, :func:`call`,
+:func:`call_method` and :func:`read`, which refuse any name, keyword or attribute that is not
+declared here. So the declaration cannot drift from the code, and ``specdraft doctor`` can bind
+every entry against the installed engine (or, statically, against another version's source)
+before a single weight is loaded.
+
+Symbols are written ``"package.module:Qual.name"``: the part before ``:`` is imported, the part
+after is looked up attribute by attribute (``"vllm:LLM.generate"`` is the ``generate`` method of
+``vllm.LLM``). Method entries (a class, then a method name) are called on an instance, so their
+first parameter (``self``) is not counted in ``positional``.
+
+Besides plain calls there are implicit contracts no type checker sees:
+
+* :class:`WorkerExtension` -- the dotted path given to ``LLM(worker_extension_cls=...)`` must
+  import inside the worker, the method names sent through ``collective_rpc`` must exist on it, and
+  they must not clash with attributes of vLLM's worker classes (vLLM refuses such a clash).
+* :class:`ModelContract` -- the attributes our hooks need on vLLM's model class for the target's
+  architecture (``model``, ``model.layers``, ``model.norm``), and whether that class implements
+  ``SupportsEagle3`` (the export step needs it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CONTRACTS",
+    "TRANSFORMERS_CONTRACT",
+    "VLLM_CONTRACT",
+    "Contract",
+    "ContractError",
+    "Entry",
+    "ModelContract",
+    "WorkerExtension",
+    "call",
+    "call_method",
+    "entry",
+    "get",
+    "read",
+    "resolve_symbol",
+    "worker_attribute",
+    "worker_method",
+]
+
+
+class ContractError(RuntimeError):
+    """A backend used an engine symbol, keyword or attribute that the contract does not declare."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One external entry point and exactly how specdraft uses it.
+
+    Attributes:
+        name: the key backends use (``engines.call(name, ...)``).
+        symbol: ``"module:Qual.name"`` where the symbol is looked up.
+        positional: number of positional arguments we pass (``self`` not counted for methods).
+        keywords: keyword names we pass.
+        forwards_kwargs_to: when the callable takes ``**kwargs`` and hands them on (``LLM`` ->
+            ``EngineArgs``), the symbol whose signature must accept the keywords not named
+            explicitly.
+        attributes: attributes we read on instances of the symbol (a class).
+        returns: what we expect back; return shapes are out of static reach, so the backend checks
+            them at run time and doctor lists them as runtime-checked.
+        on_cpu: the call runs on CPU machines too; an unguarded CUDA-only call in its body is a break
+            there.
+        mode: which backend mode uses the entry ("hooks" is the default capture mode).
+        used_by: the module that calls it.
+        optional: a missing symbol is a warning, not a break (feature detection).
+    """
+
+    name: str
+    symbol: str
+    positional: int = 0
+    keywords: tuple[str, ...] = ()
+    forwards_kwargs_to: str | None = None
+    attributes: tuple[str, ...] = ()
+    returns: str = ""
+    on_cpu: bool = True
+    mode: str = "hooks"
+    used_by: str = ""
+    optional: bool = False
+
+    @property
+    def module(self) -> str:
+        """The importable module part of :attr:`symbol`."""
+        return self.symbol.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        """The attribute path inside :attr:`module`."""
+        return self.symbol.split(":", 1)[1]
+
+    @property
+    def is_method(self) -> bool:
+        """True when the entry is a method called on an instance (``Class.method``)."""
+        return "." in self.qualname
+
+
+@dataclass(frozen=True)
+class WorkerExtension:
+    """The class passed as ``worker_extension_cls`` and the methods called through ``collective_rpc``.
+
+    Attributes:
+        path: dotted path vLLM imports inside each worker (``"pkg.mod.Class"``).
+        rpc_methods: method names we send through ``LLM.collective_rpc``.
+        worker_classes: vLLM worker classes the extension is mixed into; our names must not clash.
+        worker_methods: methods of vLLM's worker that the extension calls on ``self``.
+        worker_attributes: attributes of vLLM's worker that the extension reads on ``self``.
+    """
+
+    path: str
+    rpc_methods: tuple[str, ...]
+    worker_classes: tuple[str, ...]
+    worker_methods: tuple[str, ...] = ()
+    worker_attributes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    """What the hooks need on vLLM's model class for the target's architecture.
+
+    Attributes:
+        registry: module holding vLLM's ``{architecture: (module, class)}`` tables.
+        models_package: package holding the model modules named in the registry.
+        attribute_paths: dotted attribute paths read on the model instance.
+        eagle3_interface: name of the interface class that marks EAGLE-3 support.
+    """
+
+    registry: str = "vllm.model_executor.models.registry"
+    models_package: str = "vllm.model_executor.models"
+    attribute_paths: tuple[str, ...] = ("model", "model.layers", "model.norm")
+    eagle3_interface: str = "SupportsEagle3"
+
+
+@dataclass(frozen=True)
+class Contract:
+    """Every entry point of one engine package, plus the implicit contracts."""
+
+    engine: str
+    entries: tuple[Entry, ...]
+    extension: WorkerExtension | None = None
+    model: ModelContract | None = None
+
+    def by_name(self) -> dict[str, Entry]:
+        """Entries keyed by :attr:`Entry.name`."""
+        return {e.name: e for e in self.entries}
+
+
+_CAPTURE = "specdraft.capture.vllm"
+
+#: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
+#: through ``**kwargs`` into ``EngineArgs``.
+_LLM_KEYWORDS = (
+    "model",
+    "dtype",
+    "tensor_parallel_size",
+    "max_model_len",
+    "enforce_eager",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "skip_tokenizer_init",
+    "seed",
+    "trust_remote_code",
+    "worker_extension_cls",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "speculative_config",
+    "kv_transfer_config",
+)
+
+VLLM_CONTRACT = Contract(
+    engine="vllm",
+    entries=(
+        Entry(
+            "vllm.LLM",
+            "vllm:LLM",
+            keywords=_LLM_KEYWORDS,
+            forwards_kwargs_to="vllm:EngineArgs",
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.LLM.generate",
+            "vllm:LLM.generate",
+            positional=2,
+            keywords=("use_tqdm",),
+            returns="list[RequestOutput], one per prompt, in prompt order",
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.LLM.collective_rpc",
+            "vllm:LLM.collective_rpc",
+            positional=1,
+            keywords=("args",),
+            returns="list, one reply per worker in rank order (not a single reply)",
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.SamplingParams",
+            "vllm:SamplingParams",
+            keywords=("max_tokens", "temperature", "detokenize"),
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.TokensPrompt",
+            "vllm:TokensPrompt",
+            keywords=("prompt_token_ids",),
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.RequestOutput",
+            "vllm:RequestOutput",
+            attributes=("prompt_token_ids", "kv_transfer_params"),
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.load_hidden_states",
+            "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:load_hidden_states",
+            positional=1,
+            returns='dict with "hidden_states" (T, n_layers, H) and "token_ids" (T,)',
+            on_cpu=False,
+            mode="extract_hidden_states",
+            used_by=_CAPTURE,
+            optional=True,
+        ),
+    ),
+    extension=WorkerExtension(
+        path=f"{_CAPTURE}.SpecdraftWorkerExtension",
+        rpc_methods=("specdraft_setup", "specdraft_pop", "specdraft_remove"),
+        worker_classes=(
+            "vllm.v1.worker.cpu_worker:CPUWorker",
+            "vllm.v1.worker.gpu_worker:Worker",
+        ),
+        worker_methods=("get_model",),
+        worker_attributes=("rank",),
+    ),
+    model=ModelContract(),
+)
+
+TRANSFORMERS_CONTRACT = Contract(
+    engine="transformers",
+    entries=(
+        Entry(
+            "transformers.AutoConfig.from_pretrained",
+            "transformers:AutoConfig.from_pretrained",
+            positional=1,
+            keywords=("trust_remote_code",),
+            used_by="specdraft.doctor",
+        ),
+    ),
+)
+
+#: All contracts, keyed by engine package.
+CONTRACTS: Mapping[str, Contract] = {"vllm": VLLM_CONTRACT, "transformers": TRANSFORMERS_CONTRACT}
+
+_ALL: dict[str, Entry] = {e.name: e for c in CONTRACTS.values() for e in c.entries}
+_RESOLVED: dict[str, Any] = {}
+
+
+def entry(name: str) -> Entry:
+    """The declared entry called ``name``.
+
+    Raises:
+        ContractError: ``name`` is not declared; add an :class:`Entry` to the contract first.
+    """
+    try:
+        return _ALL[name]
+    except KeyError:
+        raise ContractError(
+            f"engine symbol {name!r} is not declared in specdraft/engines.py; declare it "
+            "(symbol, positional count, keywords) before calling it"
+        ) from None
+
+
+def resolve_symbol(symbol: str) -> Any:
+    """Import ``"module:Qual.name"`` and walk the attribute path.
+
+    Raises:
+        ImportError: the module does not import.
+        AttributeError: an attribute along the path is missing.
+    """
+    module_name, _, qual = symbol.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qual.split(".") if qual else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def get(name: str) -> Any:
+    """The engine object declared as ``name`` (imported on first use, then cached)."""
+    e = entry(name)
+    if name not in _RESOLVED:
+        _RESOLVED[name] = resolve_symbol(e.symbol)
+    return _RESOLVED[name]
+
+
+def _check_call(e: Entry, n_args: int, keywords: set[str]) -> None:
+    """Refuse a call that does not match its declaration."""
+    if n_args != e.positional:
+        raise ContractError(
+            f"{e.name}: called with {n_args} positional argument(s), contract declares "
+            f"{e.positional}; update specdraft/engines.py together with the call"
+        )
+    extra = sorted(keywords - set(e.keywords))
+    if extra:
+        raise ContractError(
+            f"{e.name}: keyword(s) {extra} are not declared in specdraft/engines.py "
+            f"(declared: {list(e.keywords)}); declare them so doctor can check them"
+        )
+
+
+def call(name: str, *args: Any, user_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """Call the engine symbol ``name`` exactly as declared.
+
+    Args:
+        name: the entry name.
+        *args: positional arguments (their count must equal ``Entry.positional``).
+        user_kwargs: keyword arguments supplied by the user (e.g. ``--engine-arg``); passed through
+            unchecked because they are not part of specdraft's own contract.
+        **kwargs: keyword arguments specdraft passes; each must be declared.
+    """
+    e = entry(name)
+    _check_call(e, len(args), set(kwargs))
+    merged = {**(user_kwargs or {}), **kwargs}
+    return get(name)(*args, **merged)
+
+
+def call_method(obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the declared method entry ``name`` (``"Class.method"``) on ``obj``."""
+    e = entry(name)
+    if not e.is_method:
+        raise ContractError(f"{name} is not a method entry (symbol {e.symbol})")
+    _check_call(e, len(args), set(kwargs))
+    return getattr(obj, e.qualname.rsplit(".", 1)[1])(*args, **kwargs)
+
+
+def read(obj: Any, name: str, attribute: str) -> Any:
+    """Read ``attribute`` on ``obj``, an instance of the class declared as ``name``."""
+    e = entry(name)
+    if attribute not in e.attributes:
+        raise ContractError(
+            f"{name}: attribute {attribute!r} is not declared (declared: {list(e.attributes)}); "
+            "add it to the entry's attributes in specdraft/engines.py"
+        )
+    return getattr(obj, attribute)
+
+
+def worker_method(worker: Any, method: str) -> Any:
+    """A vLLM worker method the extension calls on ``self``, checked against the contract."""
+    ext = VLLM_CONTRACT.extension
+    assert ext is not None
+    if method not in ext.worker_methods:
+        raise ContractError(f"worker method {method!r} is not declared in WorkerExtension.worker_methods")
+    return getattr(worker, method)
+
+
+def worker_attribute(worker: Any, attribute: str, default: Any = None) -> Any:
+    """A vLLM worker attribute the extension reads on ``self``, checked against the contract."""
+    ext = VLLM_CONTRACT.extension
+    assert ext is not None
+    if attribute not in ext.worker_attributes:
+        raise ContractError(f"worker attribute {attribute!r} is not declared in WorkerExtension")
+    return getattr(worker, attribute, default)

