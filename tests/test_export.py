@@ -1,0 +1,112 @@
+"""export: both formats' names and configs, and every invalid case refused with its fix."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tiny_model
+
+from specdraft.draft import build_draft, save_draft
+from specdraft.export import FORMATS, export, export_config, export_state, validate
+from specdraft.targets import wrap_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return wrap_model(build_tiny_model("llama"), name="tiny")
+
+
+def make_draft(target, vd=64, **kw):
+    counts = np.arange(target.vocab_size)[::-1].copy()
+    return build_draft(target, counts, [2, 4, 5], draft_vocab_size=vd, **kw)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_layout(tmp_path, target, fmt, tiny_llama_dir):
+    draft = make_draft(target)
+    save_draft(draft, tmp_path / "d")
+    out = tmp_path / fmt
+    assert (
+        export(str(tmp_path / "d"), str(out), format=fmt, target=str(tiny_llama_dir), check_vllm=False) == 0
+    )
+    cfg = json.loads((out / "config.json").read_text())
+    from safetensors.torch import load_file
+
+    w = load_file(str(out / "model.safetensors"))
+    H, V = target.hidden_size, target.vocab_size
+    layer = "layers.0." if fmt == "speculators" else "midlayer."
+    assert w["fc.weight"].shape == (H, 3 * H)
+    assert w[f"{layer}self_attn.q_proj.weight"].shape[1] == 2 * H
+    assert {
+        f"{layer}{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+    } <= set(w)
+    assert w["lm_head.weight"].shape == (64, H) and w["norm.weight"].shape == (H,)
+    assert w["d2t"].dtype == torch.int64 and w["d2t"].shape == (64,)
+    assert w["t2d"].dtype == torch.bool and w["t2d"].shape == (V,)
+    assert not any(n.startswith(("model.", "embed_tokens")) for n in w)
+    # the round trip of the vocabulary map: kept ids are exactly those t2d marks
+    assert torch.equal(torch.arange(64) + w["d2t"], torch.nonzero(w["t2d"]).flatten())
+    if fmt == "speculators":
+        assert cfg["speculators_model_type"] == "eagle3"
+        assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(tiny_llama_dir)
+        assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+        assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1
+    else:
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["norm_before_residual"] is False and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["draft_vocab_size"] == 64 and cfg["target_hidden_size"] == H
+
+
+def test_full_vocabulary_drops_vocab_map(target):
+    draft = make_draft(target, vd=target.vocab_size)
+    state = export_state(draft, "speculators")
+    assert "d2t" not in state and "t2d" not in state
+
+
+def _valid(target, fmt="speculators"):
+    draft = make_draft(target)
+    cfg = export_config(draft.cfg, fmt, "tiny", 3, "float32")
+    return cfg, export_state(draft, fmt), draft.cfg
+
+
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        (lambda c, s, t: s.pop("lm_head.weight"), "lm_head.weight missing.*export it"),
+        (lambda c, s, t: s.pop("d2t"), "d2t/t2d missing"),
+        (lambda c, s, t: c.pop("norm_before_residual"), "norm_before_residual must be written"),
+        (
+            lambda c, s, t: c.update(eagle_aux_hidden_state_layer_ids=[2, 2, 5]),
+            "repeat.*too shallow.*--layers",
+        ),
+        (lambda c, s, t: c.update(eagle_aux_hidden_state_layer_ids=[5, 2, 4]), "must be written sorted"),
+        (lambda c, s, t: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 9]), "out of range"),
+        (lambda c, s, t: s.update({"model.fc.weight": s.pop("fc.weight")}), "must not start with 'model.'"),
+        (lambda c, s, t: s.update({"layers.0.self_attn.q_proj.bias": torch.zeros(4)}), "all of q/k/v/o"),
+        (lambda c, s, t: s.update(d2t=s["d2t"].int()), "d2t must be int64"),
+    ],
+)
+def test_invalid_exports_are_refused_with_fix(target, breakage, message):
+    cfg, state, dcfg = _valid(target)
+    assert validate(cfg, state, "speculators", dcfg.vocab_size, dcfg.target_num_layers) == []
+    breakage(cfg, state, dcfg)
+    problems = validate(cfg, state, "speculators", dcfg.vocab_size, dcfg.target_num_layers)
+    assert any(__import__("re").search(message, p) for p in problems), problems
+
+
+def test_map_present_with_full_vocabulary_is_refused(target):
+    draft = make_draft(target, vd=target.vocab_size)
+    cfg = export_config(draft.cfg, "speculators", "tiny", 3, "float32")
+    state = export_state(draft, "speculators")
+    state["d2t"] = torch.zeros(target.vocab_size, dtype=torch.long)
+    assert any(
+        "vLLM fails to load it" in p for p in validate(cfg, state, "speculators", target.vocab_size, 8)
+    )
+
+
+def test_export_refuses_bad_arguments(tmp_path, target):
+    save_draft(make_draft(target), tmp_path / "d")
+    with pytest.raises(ValueError, match="--format must be one of.*--dtype must be one of"):
+        export(str(tmp_path / "d"), str(tmp_path / "o"), format="gguf", dtype="int4")
