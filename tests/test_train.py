@@ -1,0 +1,294 @@
+"""Training-time test and the trainer: mask spec, brute-force TTT step, zero loss for a copying draft, teacher
+head, offline == online, exact resume, non-finite stop, user errors. Tiny random Llama (hidden 64, 8 layers)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import conversations, write_jsonl
+from torch import nn
+
+import specdraft.train as T
+from specdraft.draft import DraftKVCache, build_draft, load_draft
+from specdraft.train import NonFiniteError, TeacherHead, TrainConfig, TTTModel, train, ttt_mask, ttt_unroll
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, tiny_llama_dir):
+    """(dataset dir, shards dir) made by the real prepare + extract on the tiny Llama."""
+    from specdraft.data import prepare
+    from specdraft.extract import extract
+
+    d = tmp_path_factory.mktemp("train-data")
+    src = write_jsonl(d / "c.jsonl", conversations(48, seed=1))
+    ds = prepare(str(src), str(d / "ds"), target=str(tiny_llama_dir), max_length=128)
+    shards = extract(str(ds), str(d / "shards"), target=str(tiny_llama_dir), samples_per_shard=16,
+                     max_tokens_per_batch=512, skip_doctor=True)  # fmt: skip
+    return ds, shards
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir):
+    from specdraft.targets import load_target
+
+    return load_target(str(tiny_llama_dir), with_tokenizer=False)
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(draft_vocab_size=128, ttt_steps=3, max_tokens=1024, max_length=128, epochs=2, lr=3e-3,
+                warmup_ratio=0.1, val_fraction=0.1, checkpoint_every=2, progress=False, tensorboard=False)  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def draft_of(target, vd=128, seed=0):
+    counts = torch.ones(target.vocab_size)
+    counts[:50] = 10
+    return build_draft(target, counts.numpy(), [2, 4, 5], draft_vocab_size=vd, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the TTT attention mask and unroll
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [0, 1, 2, 6])
+def test_ttt_mask_is_the_spec(step):
+    n = 5
+    m = ttt_mask(n, step)
+    assert m.shape == (1, 1, n, (step + 1) * n) and m.dtype == torch.bool
+    for t in range(n):
+        for j in range(step + 1):
+            for u in range(n):
+                want = (
+                    u <= t if j == 0 else u == t
+                )  # causal over target-feature keys; same slot for later steps
+                assert bool(m[0, 0, t, j * n + u]) == want, (t, j, u)
+
+
+def test_ttt_step_equals_brute_force_inference(target):
+    """Every TTT step's output at every slot equals running the draft as speculative decoding does."""
+    draft = draft_of(target)
+    with torch.no_grad():
+        for p in draft.midlayer.parameters():  # larger weights so attention mixing is visible
+            p.mul_(3)
+    g = torch.Generator().manual_seed(0)
+    B, n, K, H = 2, 7, 4, target.hidden_size
+    ids = torch.randint(0, target.vocab_size, (B, n), generator=g)
+    aux = torch.randn(B, n, 3 * H, generator=g)
+    with torch.no_grad():
+        steps = list(ttt_unroll(draft, ids, aux, K))  # K x (B, n, H)
+        for t in range(n - 1):
+            # step 0 over the prefix 0..t (tokens x_1..x_{t+1}, features f_0..f_t): a plain causal prefill
+            cache = DraftKVCache()
+            fused = draft.fuse(aux[:, : t + 1])
+            pos = torch.arange(t + 1)[None].expand(B, -1)
+            h, _ = draft(ids[:, 1 : t + 2], fused, pos, kv_cache=cache)
+            torch.testing.assert_close(h[:, t], steps[0][:, t], atol=1e-5, rtol=1e-5)
+            h = h[:, t : t + 1]
+            for i in range(1, K):  # then one token a step, attending to the whole cache, no mask
+                if t + 1 + i >= n:
+                    break
+                h, _ = draft(ids[:, t + 1 + i : t + 2 + i], h, torch.full((B, 1), t + i), kv_cache=cache)
+                torch.testing.assert_close(h[:, 0], steps[i][:, t], atol=1e-5, rtol=1e-5)
+                assert len(cache) == t + 1 + i
+
+
+class CopyDraft(nn.Module):
+    """A stub draft that reproduces the teacher exactly when the TTT alignment is right.
+
+    Its hidden state is the index of a position; each step adds 1; its logits are the teacher's logits
+    at that position. Step i at slot t must predict with the teacher at t + 1 + i.
+    """
+
+    def __init__(self, teacher_logits: torch.Tensor, shift: int = 1):
+        super().__init__()
+        self.teacher_logits = teacher_logits  # (B, T, Vd)
+        self.shift = shift
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def fuse(self, aux):
+        B, n = aux.shape[:2]
+        return torch.arange(n, dtype=torch.float)[None, :, None].expand(B, n, 1) + self.w  # (B, T, 1)
+
+    def forward(self, ids, h, pos, mask, cache, compute_logits=True):
+        return h + self.shift, None
+
+    def compute_logits(self, h):
+        idx = h[..., 0].long().clamp(max=self.teacher_logits.shape[1] - 1)  # (B, n)
+        return torch.gather(
+            self.teacher_logits, 1, idx[..., None].expand(-1, -1, self.teacher_logits.shape[2])
+        )
+
+
+def test_loss_is_zero_for_a_draft_that_copies_the_teacher():
+    g = torch.Generator().manual_seed(0)
+    B, n, Vd, K = 2, 12, 50, 5
+    logits = 3 * torch.randn(B, n, Vd, generator=g)
+    logp = F.log_softmax(logits, -1)
+    mask = torch.ones(B, n)
+    mask[0, 9:] = 0
+    counts = T.step_token_counts(mask, K)
+    for ck in (False, True):
+        m = TTTModel(CopyDraft(logits), K, 0.8, checkpoint_head=ck)
+        loss, kl, agree = m(torch.zeros(B, n, dtype=torch.long), torch.zeros(B, n, 3), logp, mask, counts)
+        assert float(loss) < 1e-5 and torch.all(kl.abs() < 1e-4)
+        torch.testing.assert_close(agree, counts)  # top-1 agrees on every masked token of every step
+    wrong = TTTModel(CopyDraft(logits, shift=2), K, 0.8)  # off by one position: clearly not zero
+    loss, _, agree = wrong(torch.zeros(B, n, dtype=torch.long), torch.zeros(B, n, 3), logp, mask, counts)
+    assert float(loss) > 1.0 and float(agree.sum()) < 0.5 * float(counts.sum())
+
+
+def test_counts_and_masks_follow_the_predicted_token():
+    mask = torch.tensor([[0, 0, 1, 1, 0, 1]], dtype=torch.float)
+    # step i, slot t predicts token t+2+i: its loss mask is mask[t+2+i]
+    assert T.step_token_counts(mask, 4).tolist() == [3.0, 2.0, 1.0, 1.0]
+
+
+def test_teacher_head_equals_target_logits_restricted(target):
+    draft = draft_of(target)
+    z = torch.randn(2, 5, target.hidden_size)
+    want = target.logits_from_final(z)[..., draft.t2d]
+    torch.testing.assert_close(TeacherHead(target, draft.t2d)(z), want, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the trainer
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_train_offline_learns_and_writes_outputs(tmp_path, data):
+    _, shards = data
+    out = tmp_path / "run"
+    final = train(str(shards), str(out), cfg(epochs=3))
+    rec = metrics(out)
+    val = [r for r in rec if r["split"] == "val"]
+    tr = [r for r in rec if r["split"] == "train"]
+    assert val[0]["step"] == 0 and val[-1]["step"] == tr[-1]["step"]
+    assert val[-1]["loss"] < 0.8 * val[0]["loss"], (val[0], val[-1])
+    assert val[-1]["acc"][0] > val[0]["acc"][0]
+    assert len(tr[-1]["acc"]) == 3 and tr[-1]["tokens_per_s"] > 0 and 0 <= tr[-1]["data_share"] <= 1
+    d = load_draft(final)
+    assert d.cfg.aux_layer_ids == [2, 4, 5] and d.cfg.draft_vocab_size == 128
+    meta = json.loads((final / "config.json").read_text())
+    assert meta["train"]["steps"] == tr[-1]["step"] and meta["train"]["mode"] == "offline"
+    ck = sorted((out / "checkpoints").glob("step_*"))
+    assert len(ck) == 2 and (out / "checkpoints" / "latest").read_text() == ck[-1].name
+
+
+def test_resume_is_exact(tmp_path, data, monkeypatch):
+    _, shards = data
+    c = cfg(epochs=2, checkpoint_every=3)
+    full = train(str(shards), str(tmp_path / "a"), c)
+
+    class Killed(Exception):
+        pass
+
+    def kill(step):
+        if step == 5:  # after step 5, past the checkpoint of step 3: steps 4-5 are lost and redone
+            raise Killed
+
+    monkeypatch.setattr(T, "_after_step", kill)
+    with pytest.raises(Killed):
+        train(str(shards), str(tmp_path / "b"), c)
+    monkeypatch.setattr(T, "_after_step", lambda step: None)
+    assert T.latest_checkpoint(tmp_path / "b").name == "step_00000003"
+    resumed = train(str(shards), str(tmp_path / "b"), replace(c, resume=True))
+    a, b = load_draft(full).state_dict(), load_draft(resumed).state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-6, msg=k)
+    la = [(r["step"], r["loss"]) for r in metrics(tmp_path / "a") if r["split"] == "train"]
+    lb = [(r["step"], r["loss"]) for r in metrics(tmp_path / "b") if r["split"] == "train"]
+    assert [s for s, _ in lb] == [s for s, _ in la]  # no duplicated records after resume
+    assert [x for _, x in lb] == pytest.approx([x for _, x in la], rel=1e-6)
+    # resuming with other settings is refused
+    with pytest.raises(ValueError, match="lr"):
+        train(str(shards), str(tmp_path / "b"), replace(c, resume=True, lr=1.0))
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, data, monkeypatch):
+    _, shards = data
+    real_collate, calls = T.collate, []
+
+    def poisoned(samples, max_length):
+        b = real_collate(samples, max_length)
+        calls.append(1)
+        if len(calls) == 3:  # the batch of step 3
+            b.aux[0, 1, 0] = float("nan")
+        return b
+
+    monkeypatch.setattr(T, "collate", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3 .*samples \[.*step_00000002"):
+        train(str(shards), str(out), cfg(val_fraction=0.0, checkpoint_every=1))
+    ck = T.latest_checkpoint(out)
+    assert ck.name == "step_00000002"
+    state = torch.load(ck / T.STATE_FILE, weights_only=False)
+    assert state["step"] == 2
+    assert all(torch.isfinite(v).all() for v in load_draft(ck).state_dict().values() if v.is_floating_point())
+    # the run continues from there once the data is good
+    monkeypatch.setattr(T, "collate", real_collate)
+    train(str(shards), str(out), cfg(val_fraction=0.0, checkpoint_every=1, max_steps=4, resume=True))
+    assert T.latest_checkpoint(out).name == "step_00000004"
+
+
+def test_online_equals_offline(tmp_path, data, tiny_llama_dir):
+    ds, shards = data
+    c = cfg(epochs=1, max_steps=4)
+    off = train(str(shards), str(tmp_path / "off"), c)
+    on = train(str(ds), str(tmp_path / "on"), replace(c, online=True, target=str(tiny_llama_dir)))
+    la = [r["loss"] for r in metrics(tmp_path / "off")]
+    lb = [r["loss"] for r in metrics(tmp_path / "on")]
+    assert len(la) == len(lb) and lb == pytest.approx(la, rel=1e-4, abs=1e-5)
+    a, b = load_draft(off).state_dict(), load_draft(on).state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=k)
+
+
+def test_user_errors_are_collected(tmp_path, data):
+    _, shards = data
+    with pytest.raises(ValueError) as e:
+        train(
+            str(shards),
+            str(tmp_path / "x"),
+            cfg(ttt_steps=0, decay=2.0, lr=-1, schedule="step", layers=[1, 2, 3]),
+        )
+    msg = str(e.value)
+    for part in ("--ttt-steps", "--decay", "--lr", "--schedule", "--layers"):
+        assert part in msg
+    with pytest.raises(ValueError, match="no checkpoint"):
+        train(str(shards), str(tmp_path / "x"), cfg(resume=True))
+    with pytest.raises(ValueError, match="not a directory"):
+        train(str(tmp_path / "missing"), str(tmp_path / "x"), cfg())
+
+
+def test_existing_output_needs_resume(tmp_path, data):
+    _, shards = data
+    train(str(shards), str(tmp_path / "o"), cfg(max_steps=2, epochs=1))
+    with pytest.raises(ValueError, match="--resume"):
+        train(str(shards), str(tmp_path / "o"), cfg(max_steps=2, epochs=1))
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_real_target_short_run_learns(tmp_path):
+    """SmolLM2-135M on real ShareGPT: validation loss falls and step-0 accuracy rises well above the untrained draft."""
+    from specdraft.data import prepare
+    from specdraft.extract import extract
+
+    ds = prepare("sharegpt", str(tmp_path / "ds"), max_length=256, max_samples=64)
+    shards = extract(str(ds), str(tmp_path / "x"), samples_per_shard=32, skip_doctor=True)
+    c = TrainConfig(draft_vocab_size=4096, ttt_steps=3, epochs=3, lr=1e-3, warmup_ratio=0.05, max_tokens=2048,
+                    max_length=256, val_fraction=0.1, checkpoint_every=1000, progress=False, tensorboard=False)  # fmt: skip
+    train(str(shards), str(tmp_path / "run"), c)
+    val = [r for r in metrics(tmp_path / "run") if r["split"] == "val"]
+    assert val[-1]["loss"] < 0.8 * val[0]["loss"], (val[0], val[-1])
+    assert val[-1]["acc"][0] > val[0]["acc"][0] + 0.1, (val[0]["acc"], val[-1]["acc"])
