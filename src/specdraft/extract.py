@@ -171,7 +171,8 @@ def extract(
         from specdraft.capture.vllm import VLLMCapture
         from specdraft.targets import config_hash
 
-        cap = VLLMCapture(model_dir, layer_ids, dtype=dtype, trust_remote_code=trust_remote_code)
+        cap = VLLMCapture(model_dir, layer_ids, dtype=dtype, max_model_len=max(lengths.values(), default=1),
+                          trust_remote_code=trust_remote_code)  # fmt: skip
         info = {"name": target, "path": model_dir, "config_hash": config_hash(text_cfg), "num_layers": num_layers,
                 "hidden_size": text_cfg.hidden_size, "vocab_size": text_cfg.vocab_size}  # fmt: skip
         import vllm
@@ -196,23 +197,25 @@ def extract(
     sd = DTYPES[store_dtype]
     bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc=f"extract {shard_index}/{num_shards}")
     t0, done_tok = time.time(), 0
-    for k in todo:
-        samples = {}
-        for batch in token_batches(plan[k], lengths, max_tokens_per_batch):
-            hs = cap.run([ds.input_ids[s] for s in batch])
-            for s, h in zip(batch, hs):
-                samples[s] = {
-                    "input_ids": torch.as_tensor(ds.input_ids[s]),
-                    "loss_mask": torch.as_tensor(ds.loss_mask[s]),
-                    "hidden": h.to("cpu", sd),
-                }
-            n = sum(lengths[s] for s in batch)
-            done_tok += n
-            bar.update(n)
-        write_shard(out_dir, shard_stem(shard_index, k), samples)
-    bar.close()
-    if hasattr(cap, "close"):
-        cap.close()
+    try:
+        for k in todo:
+            samples = {}
+            for batch in token_batches(plan[k], lengths, max_tokens_per_batch):
+                hs = cap.run([ds.input_ids[s] for s in batch])
+                for s, h in zip(batch, hs):
+                    samples[s] = {
+                        "input_ids": torch.as_tensor(ds.input_ids[s]),
+                        "loss_mask": torch.as_tensor(ds.loss_mask[s]),
+                        "hidden": h.to("cpu", sd),
+                    }
+                n = sum(lengths[s] for s in batch)
+                done_tok += n
+                bar.update(n)
+            write_shard(out_dir, shard_stem(shard_index, k), samples)
+    finally:
+        bar.close()
+        if hasattr(cap, "close"):
+            cap.close()  # vLLM worker processes must not outlive a failed run
     manifest["complete"] = True
     manifest["seconds_last_run"] = round(time.time() - t0, 2)
     manifest["tokens_per_second_last_run"] = round(done_tok / max(time.time() - t0, 1e-9), 1)

