@@ -1,67 +1,205 @@
 """quickstart: the whole pipeline on the embedded default (SmolLM2-135M-Instruct) with real conversations.
 
-prepare (ShareGPT) -> extract -> train -> eval (MT-bench) -> export, each stage skipped when its output
-is already complete, so an interrupted quickstart resumes where it stopped. Stages whose modules are not
-part of this build are reported as skipped.
+prepare (ShareGPT) -> extract -> train -> eval on MT-bench (trained vs untrained draft, lossless check)
+-> export (speculators + eagle3) -> a summary table and plots. Every stage skips work already complete
+(prepare and eval by their outputs, extract shard by shard, train from its newest checkpoint), so an
+interrupted quickstart resumes where it stopped when run again.
+
+The CPU budget is tight (2 cores: prefill ~250 tok/s, draft training ~400 tok/s at the settings below),
+so quickstart picks a smaller draft vocabulary (8192), 3 TTT steps and a few hundred conversations, and
+says so in its summary; the library defaults (`specdraft train`) stay the paper's (32000, 7).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdraft.targets import EMBEDDED_DEFAULT
 
 
+@dataclass
+class Budget:
+    """Sizes of one quickstart run."""
+
+    samples: int  # ShareGPT conversations prepared and extracted
+    max_length: int  # tokens per conversation (longer ones are truncated)
+    epochs: int  # training passes
+    draft_vocab_size: int  # reduced draft vocabulary
+    ttt_steps: int  # training-time-test depth
+    eval_prompts: int  # MT-bench first turns decoded
+    max_new_tokens: int  # tokens generated per prompt
+    k: int  # draft tokens per round (chain)
+
+
+BUDGETS = {
+    "tiny": Budget(48, 256, 1, 4096, 3, 4, 32, 3),  # a smoke run, a few minutes
+    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3),  # under 30 minutes on 2 cores
+    "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5),  # hours on CPU; minutes on a GPU
+}
+
+
+def _stage(name: str) -> float:
+    print(f"\n=== quickstart: {name} ===", flush=True)
+    return time.time()
+
+
 def quickstart(
-    out: str = "runs/quickstart", samples: int = 160, max_length: int = 384, fresh: bool = False
+    out: str = "runs/quickstart", budget: str = "default", device: str = "cpu", fresh: bool = False
 ) -> int:
     """Run prepare -> extract -> train -> eval -> export on the embedded default, resuming where it stopped.
 
     Args:
         out: working directory of the run (every stage writes a subdirectory).
-        samples: ShareGPT conversations to prepare and extract.
-        max_length: token limit per conversation.
-        fresh: delete the working directory first.
+        budget: `tiny` (smoke test), `default` (under 30 min on a 2-core CPU) or `large`.
+        device: cpu or cuda (bf16 on GPU).
+        fresh: delete the working directory first instead of resuming.
     """
-    import shutil
-
     from specdraft.data import MANIFEST_FILE, prepare
+    from specdraft.evaluate import UNTRAINED, evaluate_report, summary_lines
+    from specdraft.export import export, serve_commands
     from specdraft.extract import extract
+    from specdraft.targets import resolve_target_dir
+    from specdraft.train import TrainConfig, train
 
+    if budget not in BUDGETS:
+        raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
+    b = BUDGETS[budget]
     root = Path(out)
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"target": EMBEDDED_DEFAULT}
-    t0 = time.time()
+    times: dict[str, float] = {}
+    t_all = time.time()
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
 
     # 1. prepare: real ShareGPT conversations -> ids + assistant loss mask
+    t = _stage("prepare (ShareGPT conversations -> token ids + assistant loss mask)")
     ds_dir = root / "dataset"
     if not (ds_dir / MANIFEST_FILE).exists():
-        prepare("sharegpt", str(ds_dir), target=EMBEDDED_DEFAULT, max_length=max_length, max_samples=samples)
-    man = json.loads((ds_dir / MANIFEST_FILE).read_text())
-    summary["data"] = {
-        "conversations": man["num_samples"],
-        "tokens": man["num_tokens"],
-        "assistant_tokens": man["num_loss_tokens"],
-    }
+        prepare(
+            "sharegpt", str(ds_dir), target=EMBEDDED_DEFAULT, max_length=b.max_length, max_samples=b.samples
+        )
+    dman = json.loads((ds_dir / MANIFEST_FILE).read_text())
+    times["prepare"] = time.time() - t
 
     # 2. extract: hidden states of the EAGLE-3 layers (resumes shard by shard)
+    t = _stage("extract (target prefill, hidden states of layers 2, 15, 27 and 30)")
     hs_dir = root / "hidden_states"
-    extract(
-        str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, samples_per_shard=16, max_tokens_per_batch=2048
-    )
+    extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=dtype, samples_per_shard=16,
+            max_tokens_per_batch=2048)  # fmt: skip
     xman = json.loads(next(hs_dir.glob("manifest-*.json")).read_text())
-    summary["extract"] = {
-        "layer_ids": xman["layer_ids"],
-        "tokens_per_s": xman.get("tokens_per_second_last_run"),
+    times["extract"] = time.time() - t
+
+    # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
+    t = _stage(f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)")
+    train_dir = root / "train"
+    final = train_dir / "final"
+    if not (final / "config.json").exists():
+        cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=1e-3,
+                          max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=0, device=device,
+                          resume=(train_dir / "checkpoints").exists())  # fmt: skip
+        train(str(hs_dir), str(train_dir), cfg)
+    tmeta = json.loads((final / "config.json").read_text()).get("train", {})
+    times["train"] = time.time() - t
+
+    # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check
+    t = _stage(
+        f"eval (MT-bench first turns: {b.eval_prompts} prompts x {b.max_new_tokens} tokens, chain k={b.k})"
+    )
+    eval_dir = root / "eval"
+    report_file = eval_dir / "report.json"
+    if report_file.exists():
+        report = json.loads(report_file.read_text())
+    else:
+        report = evaluate_report([str(final), UNTRAINED], target=EMBEDDED_DEFAULT, prompts="mtbench", turns=1,
+                                 max_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens, k=b.k,
+                                 counts=str(ds_dir), draft_vocab_size=b.draft_vocab_size, device=device,
+                                 out=str(eval_dir))  # fmt: skip
+    times["eval"] = time.time() - t
+
+    # 5. export: a vLLM (speculators) and an SGLang/vLLM (eagle3) checkpoint
+    t = _stage("export (speculators for vLLM, eagle3 for SGLang)")
+    exp_spec, exp_e3 = root / "export" / "speculators", root / "export" / "eagle3"
+    for fmt, d in (("speculators", exp_spec), ("eagle3", exp_e3)):
+        if not (d / "config.json").exists():
+            export(str(final), str(d), format=fmt, k=b.k, check_vllm=False)
+    times["export"] = time.time() - t
+
+    # 6. summary
+    trained = report["drafts"][str(final)]
+    untrained = report["drafts"][UNTRAINED]
+    summary = {
+        "target": EMBEDDED_DEFAULT,
+        "budget": {"name": budget, **asdict(b)},
+        "library_defaults_differ": "quickstart uses draft vocabulary "
+        f"{b.draft_vocab_size} and {b.ttt_steps} TTT steps; `specdraft train` defaults to 32000 and 7 (EAGLE-3)",
+        "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
+        "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
+        "train": tmeta,
+        "eval": {
+            "trained": _brief(trained),
+            "untrained": _brief(untrained),
+            "baseline_tokens_per_s": report["baseline"]["tokens_per_s"],
+        },
+        "seconds": {k: round(v, 1) for k, v in times.items()} | {"total": round(time.time() - t_all, 1)},
+        "plots": report.get("plots", []),
+        "exports": {"speculators": str(exp_spec), "eagle3": str(exp_e3)},
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
+    print(_table(summary))
+    print("\n".join(summary_lines(report)))
+    print("\nserve the draft:")
+    for c in serve_commands(target_dir, str(exp_spec.resolve()), str(exp_e3.resolve()), b.k):
+        print(f"  {c}")
+    print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
+    return 0
+
+
+def _brief(d: dict) -> dict:
+    return {
+        "tau": round(d["tau"], 3),
+        "acceptance_per_position": [
+            None if r is None else round(r, 3) for r in d["acceptance_rate_per_position"]
+        ],
+        "speedup": round(d["speedup"], 3),
+        "tokens_per_s": round(d["tokens_per_s"], 2),
+        "lossless": d["lossless"]["ok"] if d["lossless"]["checked"] else None,
     }
 
-    summary["seconds"] = round(time.time() - t0, 1)
-    (root / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(
-        f"\nquickstart: dataset {ds_dir}\nquickstart: hidden-state shards {hs_dir}\nquickstart: summary {root / 'summary.json'}"
-    )
-    return 0
+
+def _table(s: dict) -> str:
+    tr, un = s["eval"]["trained"], s["eval"]["untrained"]
+    val = s["train"].get("val", {}) if isinstance(s["train"], dict) else {}
+    rows = [
+        ("data", f"{s['data']['num_samples']} conversations, {s['data']['num_tokens']} tokens "
+                 f"({s['data']['num_loss_tokens']} assistant)"),
+        ("extraction", f"{s['extract_tokens_per_s'] or 0:.0f} tokens/s"),
+        ("training", f"{s['seconds']['train']:.0f} s, {s['train'].get('steps', '?')} steps, val {_fmt_val(val)}"),
+        ("tau (trained)", f"{tr['tau']:.3f}   acceptance per position {tr['acceptance_per_position']}"),
+        ("tau (untrained)", f"{un['tau']:.3f}   acceptance per position {un['acceptance_per_position']}"),
+        ("speedup", f"x{tr['speedup']:.2f} trained, x{un['speedup']:.2f} untrained "
+                    f"(target alone {s['eval']['baseline_tokens_per_s']:.1f} tok/s)"),
+        ("lossless (T=0)", "yes" if tr["lossless"] and un["lossless"] else "NO"),
+        ("settings", s["library_defaults_differ"]),
+        ("total time", f"{s['seconds']['total']:.0f} s ({', '.join(f'{k} {v:.0f}s' for k, v in s['seconds'].items() if k != 'total')})"),
+    ]  # fmt: skip
+    w = max(len(r[0]) for r in rows)
+    line = "-" * 100
+    return "\n".join([line, "quickstart summary: SmolLM2-135M-Instruct (embedded default)", line]
+                     + [f"{k:<{w}}  {v}" for k, v in rows] + [line])  # fmt: skip
+
+
+def _fmt_val(val: dict) -> str:
+    if not val:
+        return "-"
+    parts = [
+        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in val.items()
+        if not isinstance(v, (list, dict))
+    ]
+    return ", ".join(parts[:4])
