@@ -16,10 +16,8 @@ after the end-of-turn marker excluded), mapped to tokens through the fast tokeni
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,12 +206,11 @@ def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], l
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+def file_hash(path: Path) -> str:
+    """A short content hash of a file, for manifests."""
+    from specdraft.store import sha256_file
+
+    return sha256_file(path)[:16]
 
 
 def prepare(
@@ -294,7 +291,7 @@ def prepare(
         "kind": "specdraft.dataset",
         "specdraft_version": __version__,
         "source": str(src),
-        "source_hash": _file_hash(src),
+        "source_hash": file_hash(src),
         "target": target,
         "tokenizer_hash": tokenizer_hash(tok),
         "vocab_size": len(tok),
@@ -385,7 +382,3 @@ def mtbench_path() -> Path:
         )
     root = Path(next(iter(spec.submodule_search_locations)))
     return root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
-
-
-def count_summary(counts: Counter) -> str:
-    return ", ".join(f"{k}={v}" for k, v in counts.most_common())

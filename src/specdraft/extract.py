@@ -8,7 +8,6 @@ splits one dataset over N processes or nodes; `specdraft verify` joins their out
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -18,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from specdraft import __version__
-from specdraft.data import DATASET_FILE, load_dataset
+from specdraft.data import DATASET_FILE, file_hash, load_dataset
 from specdraft.store import (
     DTYPES,
     estimate_bytes,
@@ -45,14 +44,6 @@ def token_batches(sids: list[int], lengths: dict[int, int], max_tokens: int) -> 
     if cur:
         batches.append(cur)
     return batches
-
-
-def _dataset_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path / DATASET_FILE, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def extract(
@@ -113,7 +104,7 @@ def extract(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_key = {
-        "dataset_hash": _dataset_hash(ds.path),
+        "dataset_hash": file_hash(ds.path / DATASET_FILE),
         "num_samples": n_total,
         "num_shards": num_shards,
         "shard_index": shard_index,

@@ -48,6 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
 from specdraft.draft import DraftKVCache, Eagle3Draft, build_draft, save_draft
+from specdraft.extract import token_batches
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -360,17 +361,7 @@ def plan_batches(
     if rng:
         rng.shuffle(order)
     order.sort(key=lambda s: lengths[s])
-    batches, cur, longest = [], [], 0
-    for s in order:
-        n = lengths[s]
-        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(s)
-        longest = max(longest, n)
-    if cur:
-        batches.append(cur)
-    batches = [b for b in batches if len(b) >= world]
+    batches = [b for b in token_batches(order, lengths, max_tokens) if len(b) >= world]
     if rng:
         rng.shuffle(batches)
     return batches
