@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.doctor import SourceTree, check_contract, prepare_against, run_doctor, unguarded_cuda_calls
-from specdraft.engines import Contract, Entry
+from specdraft.engines import Contract, Entry, ModelContract
 
 PAIR = Path(__file__).parent / "engine_pair"
 
@@ -247,3 +247,122 @@ def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monk
     assert "fake.LLM" in {p.subject for p in edited.breaks}
     for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
         del sys.modules[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# can vLLM serve an EAGLE-3 draft for the target? (SupportsEagle3 on the target's model class)
+# ---------------------------------------------------------------------------------------------
+_FAKE_VLLM = {
+    "fakevllm/__init__.py": "__version__ = '9.9.9'\n",
+    "fakevllm/models/__init__.py": "",
+    "fakevllm/models/registry.py": (
+        "_TEXT = {\n"
+        "    'GoodForCausalLM': ('good', 'GoodForCausalLM'),\n"
+        "    'PlainForCausalLM': ('plain', 'PlainForCausalLM'),\n"
+        "    'WrapForConditionalGeneration': ('wrap', 'WrapForConditionalGeneration'),\n"
+        "}\n"
+    ),
+    "fakevllm/models/interfaces.py": "class SupportsEagle3:\n    pass\n",
+    "fakevllm/models/good.py": (
+        "from torch import nn\n"
+        "from .interfaces import SupportsEagle3\n\n"
+        "class Inner(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        self.layers = nn.ModuleList()\n"
+        "        self.norm = None\n\n"
+        "class GoodForCausalLM(nn.Module, SupportsEagle3):\n"
+        "    def __init__(self):\n"
+        "        self.model = Inner()\n"
+    ),
+    "fakevllm/models/plain.py": (
+        "from torch import nn\n"
+        "from .good import Inner\n\n"
+        "class PlainForCausalLM(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        self.model = Inner()\n"
+    ),
+    "fakevllm/models/wrap.py": (
+        "from torch import nn\n"
+        "from .good import GoodForCausalLM\n\n"
+        "class WrapForConditionalGeneration(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        self.language_model = GoodForCausalLM()\n"
+    ),
+}
+
+FAKE_VLLM = Contract(
+    engine="fakevllm",
+    entries=(),
+    model=ModelContract(registry="fakevllm.models.registry", models_package="fakevllm.models"),
+)
+
+
+@pytest.fixture
+def fake_vllm_tree(tmp_path) -> Path:
+    """A synthetic vLLM source tree: one class with SupportsEagle3, one without, a multimodal wrapper."""
+    root = tmp_path / "src"
+    for rel, text in _FAKE_VLLM.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def _eagle3(problems, arch):
+    return next(
+        p for p in problems if p.check == "model" and p.subject == arch and "SupportsEagle3" in p.message
+    )
+
+
+def test_eagle3_support_is_info_when_yes_and_a_warning_with_the_fix_when_no(fake_vllm_tree):
+    archs = ["GoodForCausalLM", "PlainForCausalLM", "WrapForConditionalGeneration"]
+    problems, _ = check_contract(FAKE_VLLM, source=fake_vllm_tree, device="cpu", architectures=archs)
+    good = _eagle3(problems, "GoodForCausalLM")
+    assert good.severity == "info" and good.message.endswith("SupportsEagle3: yes")
+    plain = _eagle3(problems, "PlainForCausalLM")
+    assert plain.severity == "warning" and "SupportsEagle3: no" in plain.message
+    assert "plain.PlainForCausalLM" in plain.message and "plain.py:" in plain.location
+    assert "SGLang" in plain.fix and "PlainForCausalLM implements SupportsEagle3" in plain.fix
+    assert "--against vllm==X" in plain.fix and "multimodal" not in plain.fix
+    wrap = _eagle3(problems, "WrapForConditionalGeneration")
+    assert wrap.severity == "warning"
+    # the wrapper's text backbone does implement it: doctor says to serve that alone
+    assert (
+        "multimodal wrapper" in wrap.fix and "GoodForCausalLM (which implements SupportsEagle3)" in wrap.fix
+    )
+    # the EAGLE-3 finding never breaks doctor (capture does not need it); only the hooks' layout check may
+    assert all("SupportsEagle3" not in p.message for p in problems if p.severity == "break")
+
+
+def _target(tmp_path, arch: str) -> str:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=2
+    )
+    cfg.architectures = [arch]
+    d = tmp_path / arch
+    cfg.save_pretrained(d)
+    return str(d)
+
+
+def test_eagle3_support_helper(tmp_path, fake_vllm_tree):
+    from specdraft.doctor import eagle3_support
+
+    def ask(arch):
+        return eagle3_support(_target(tmp_path, arch), against=str(fake_vllm_tree), contract=FAKE_VLLM)
+
+    ok, msg = ask("GoodForCausalLM")
+    assert ok is True and "SupportsEagle3: yes" in msg
+    ok, msg = ask("PlainForCausalLM")
+    assert ok is False and "PlainForCausalLM" in msg and "SGLang" in msg
+    ok, msg = ask("UnknownForCausalLM")
+    assert ok is None and "no native model class" in msg
+
+
+@pytest.mark.vllm
+def test_eagle3_support_of_the_embedded_default_with_installed_vllm():
+    pytest.importorskip("vllm")
+    from specdraft.doctor import eagle3_support
+
+    ok, msg = eagle3_support("smollm2-135m")
+    assert ok is True, msg
+    assert "LlamaForCausalLM" in msg

@@ -10,7 +10,9 @@ import pytest
 from specdraft import engines
 
 SRC = Path(engines.__file__).parent
-BACKENDS = [SRC / "capture" / "vllm.py"]
+BACKENDS = [SRC / "capture" / "vllm.py", SRC / "vllm_eval.py"]
+#: modules that send collective_rpc calls (through a `_rpc` helper)
+RPC_SENDERS = [SRC / "capture" / "vllm.py", SRC / "vllm_eval.py"]
 ENGINE_PACKAGES = {"vllm", "transformers"}
 _CALLS = {"call": 0, "call_method": 1, "get": 0, "entry": 0, "read": 1}
 
@@ -68,11 +70,10 @@ def test_backend_calls_only_declared_symbols_keywords_and_attributes(path):
 
 def test_collective_rpc_methods_and_worker_uses_are_declared():
     ext = engines.VLLM_CONTRACT.extension
-    src = (SRC / "capture" / "vllm.py").read_text()
-    tree = ast.parse(src)
     sent = set()
     worker = set()
-    for node in ast.walk(tree):
+    nodes = [n for path in RPC_SENDERS for n in ast.walk(ast.parse(path.read_text()))]
+    for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr == "_rpc" and node.args and isinstance(node.args[0], ast.Constant):
                 sent.add(node.args[0].value)
@@ -93,7 +94,40 @@ def test_runtime_guard_refuses_undeclared_use():
     with pytest.raises(engines.ContractError, match="positional"):
         engines.call("vllm.SamplingParams", 1)
     with pytest.raises(engines.ContractError, match="attribute"):
-        engines.read(object(), "vllm.RequestOutput", "outputs")
+        engines.read(object(), "vllm.RequestOutput", "encoder_prompt")
+    with pytest.raises(engines.ContractError, match="keyword"):
+        engines.call("vllm.LLM.serve", model="m", tensor_parallel_size=2)
+
+
+def test_extension_methods_cover_the_declared_rpc_methods():
+    """Every declared collective_rpc method exists on the extension, and every sent one is declared."""
+    import importlib
+
+    ext = engines.VLLM_CONTRACT.extension
+    mod_name, _, cls_name = ext.path.rpartition(".")
+    cls = getattr(importlib.import_module(mod_name), cls_name)
+    assert all(callable(getattr(cls, m, None)) for m in ext.rpc_methods)
+    assert {"specdraft_drafter_setup", "specdraft_drafter_pop", "specdraft_drafter_remove"} <= set(
+        ext.rpc_methods
+    )
+
+
+def test_drafter_path_is_declared_hop_by_hop():
+    """The private path to vLLM's loaded draft is declared entry by entry, so doctor checks every hop."""
+    by_name = engines.VLLM_CONTRACT.by_name()
+    hops = {
+        "vllm.GPUModelRunner": "drafter",
+        "vllm.EagleProposer": "model",
+        "vllm.Eagle3LlamaForCausalLM": "logits_processor",
+        "vllm.Eagle3LlamaModel": "fc",
+    }
+    for name, attr in hops.items():
+        assert attr in by_name[name].attributes, name
+    assert "model_runner" in engines.VLLM_CONTRACT.extension.worker_attributes
+    # what older vLLMs lack is optional (a warning, and the evaluation falls back to the counters)
+    assert by_name["vllm.LLM.serve_per_request_metrics"].optional
+    assert not by_name["vllm.LLM.serve"].optional
+    assert "disable_log_stats" in by_name["vllm.LLM.serve"].keywords
 
 
 def test_extension_module_imports_without_vllm():

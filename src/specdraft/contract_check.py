@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.engines import Contract, Entry
+from specdraft.engines import Contract, Entry, ModelContract
 from specdraft.static_sig import (
     KW_ONLY,
     POS_KW,
@@ -478,17 +478,54 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                             location=found.location,
                         )
                     )
-        chain, external = tree.mro(found)
-        eagle3 = any(c.node.name == mc.eagle3_interface for c in chain) or any(
-            n.split(".")[-1] == mc.eagle3_interface for n in external
-        )
-        problems.append(
-            Problem(
-                "model",
-                arch,
-                f"vLLM class {mod}.{cls_name}; implements {mc.eagle3_interface}: {'yes' if eagle3 else 'no'}",
-                "info",
-                location=found.location,
-            )
-        )
+        problems.append(_eagle3_finding(tree, mc, arch, f"{mod}.{cls_name}", found, top))
     return problems
+
+
+def _implements(tree: SourceTree, cls: Found, interface: str) -> bool:
+    """Whether ``cls`` has ``interface`` among its bases (in the tree or named outside it)."""
+    chain, external = tree.mro(cls)
+    return any(c.node.name == interface for c in chain) or any(
+        n.split(".")[-1] == interface for n in external
+    )
+
+
+def _eagle3_finding(
+    tree: SourceTree, mc: ModelContract, arch: str, qualname: str, found: Found, top: str | None
+) -> Problem:
+    """Whether vLLM can serve an EAGLE-3 draft for ``arch``: info when yes, a warning naming the fix when no.
+
+    vLLM's EAGLE-3 proposer needs the target model to return the auxiliary hidden states of the layers
+    the draft reads; only classes implementing ``SupportsEagle3`` do. A multimodal wrapper often does
+    not, even when its text backbone does (as with a Kimi-K2.5 wrapper class).
+    """
+    iface = mc.eagle3_interface
+    head = f"vLLM class {qualname}; implements {iface}"
+    if _implements(tree, found, iface):
+        return Problem("model", arch, f"{head}: yes", "info", location=found.location)
+    fix = [
+        "serve the draft with SGLang instead (`--speculative-algorithm EAGLE3`, the `eagle3` export format)",
+        f"or install a vLLM version whose {found.node.name} implements {iface} "
+        "(check one without installing it: `specdraft doctor --target T --against vllm==X`)",
+    ]
+    inner = tree.attribute_class(found, "language_model") if top == "language_model" else None
+    if top == "language_model":
+        backbone = "its text backbone"
+        if inner is not None:
+            backbone = f"its text backbone {inner.node.name}"
+            if _implements(tree, inner, iface):
+                backbone += f" (which implements {iface})"
+        fix.insert(
+            0,
+            f"{found.node.name} is a multimodal wrapper: serve {backbone} alone, i.e. point vLLM at a "
+            "checkpoint of the text model only (its config.json naming the text architecture)",
+        )
+    return Problem(
+        "model",
+        arch,
+        f"{head}: no -- vLLM cannot serve an EAGLE-3 draft for this target (the class exposes no "
+        "auxiliary hidden states to the drafter)",
+        "warning",
+        location=found.location,
+        fix="; ".join(fix),
+    )

@@ -13,7 +13,12 @@ What is checked:
 * **Implicit contracts**: the ``worker_extension_cls`` dotted path imports, the methods sent through
   ``collective_rpc`` exist on it and do not clash with vLLM's worker classes, the worker methods and
   attributes it uses exist, and the target architecture's vLLM model class has the attributes the
-  hooks need (``model``, ``model.layers``, ``model.norm``); whether it implements ``SupportsEagle3``.
+  hooks need (``model``, ``model.layers``, ``model.norm``).
+* **Can vLLM serve an EAGLE-3 draft for the target?** Its model class must implement
+  ``SupportsEagle3`` (it then returns the auxiliary hidden states the draft reads). Yes is reported as
+  info; no is a warning naming the class and what to do (serve with SGLang, a vLLM version whose
+  class implements it, or -- for a multimodal wrapper -- the text backbone alone).
+  :func:`eagle3_support` gives the answer to other commands (``export`` warns with it).
 * **CUDA-only calls**: ``torch.cuda.*`` calls not guarded by an ``if`` in the body of a contract entry
   that runs on CPU machines are breaks on a machine without a GPU.
 * **Environment**: torch / transformers / vLLM versions, devices and free memory (CPU always, GPU
@@ -66,6 +71,7 @@ __all__ = [
     "SourceTree",
     "check_contract",
     "doctor",
+    "eagle3_support",
     "prepare_against",
     "run_doctor",
     "unguarded_cuda_calls",
@@ -541,6 +547,44 @@ def run_doctor(
     if not quiet:
         print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text())
     return report
+
+
+def eagle3_support(
+    target_dir: str, against: str | None = None, contract: Contract | None = None
+) -> tuple[bool | None, str]:
+    """Whether the installed (or ``against``) vLLM can serve an EAGLE-3 draft for this target; no weights loaded.
+
+    Args:
+        target_dir: the target's HF directory (or the embedded default's name).
+        against: check another vLLM version's source instead (as ``doctor --against``).
+        contract: the contract to check (default: the vLLM contract; tests pass a fake one).
+
+    Returns:
+        (True, message) when vLLM's model class for the target implements ``SupportsEagle3``;
+        (False, message with the fix) when it does not; (None, why) when it cannot be told (vLLM
+        not installed, the target's config unreadable, no native vLLM class for its architecture).
+    """
+    import importlib.util
+
+    c = contract if contract is not None else engines.VLLM_CONTRACT
+    if against is None and importlib.util.find_spec(c.engine) is None:
+        return (
+            None,
+            f"{c.engine} is not installed: cannot tell whether it serves EAGLE-3 drafts for this target",
+        )
+    report = run_doctor(target=target_dir, against=against, contracts=[c], quiet=True)
+    model = [p for p in report.problems if p.check == "model"]
+    iface = c.model.eagle3_interface if c.model is not None else "SupportsEagle3"
+    no = [p for p in model if f"{iface}: no" in p.message]
+    if no:
+        return False, "; ".join(f"{p.subject}: {p.message}; what to do: {p.fix}" for p in no)
+    yes = [p for p in model if f"{iface}: yes" in p.message]
+    if yes:
+        return True, "; ".join(f"{p.subject}: {p.message}" for p in yes)
+    why = [p.message for p in model] or [
+        p.message for p in report.problems if p.check in ("target", "against")
+    ]
+    return None, "; ".join(why) or "the target's architecture is unknown (config.json names none)"
 
 
 def doctor(

@@ -21,7 +21,12 @@ Besides plain calls there are implicit contracts no type checker sees:
   they must not clash with attributes of vLLM's worker classes (vLLM refuses such a clash).
 * :class:`ModelContract` -- the attributes our hooks need on vLLM's model class for the target's
   architecture (``model``, ``model.layers``, ``model.norm``), and whether that class implements
-  ``SupportsEagle3`` (the export step needs it).
+  ``SupportsEagle3`` (vLLM serves an EAGLE-3 draft only for such a class; doctor warns otherwise).
+* The drafter path (:mod:`specdraft.vllm_eval` parity checks): the worker extension reaches vLLM's
+  loaded EAGLE-3 draft through private attributes, ``worker.model_runner.drafter.model`` and, on
+  that model, ``model.fc`` and ``logits_processor``. Each hop is declared below as an attribute
+  entry (``vllm.GPUModelRunner`` -> ``drafter``, ``vllm.EagleProposer`` -> ``model``, ...), so
+  doctor finds a renamed hop in the installed or ``--against`` source before a run fails.
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class Contract:
 
 
 _CAPTURE = "specdraft.capture.vllm"
+_EVAL = "specdraft.vllm_eval"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -177,6 +183,23 @@ _LLM_KEYWORDS = (
     "gpu_memory_utilization",
     "speculative_config",
     "kv_transfer_config",
+)
+
+#: Keywords :mod:`specdraft.vllm_eval` passes to ``LLM(...)`` to serve a target with (or without) an
+#: EAGLE-3 draft; those not named in ``LLM.__init__`` travel through ``**kwargs`` into ``EngineArgs``.
+_SERVE_KEYWORDS = (
+    "model",
+    "dtype",
+    "max_model_len",
+    "enforce_eager",
+    "enable_prefix_caching",
+    "max_num_seqs",
+    "seed",
+    "trust_remote_code",
+    "kv_cache_memory_bytes",
+    "speculative_config",
+    "disable_log_stats",
+    "worker_extension_cls",
 )
 
 VLLM_CONTRACT = Contract(
@@ -206,9 +229,46 @@ VLLM_CONTRACT = Contract(
             used_by=_CAPTURE,
         ),
         Entry(
+            "vllm.LLM.serve",
+            "vllm:LLM",
+            keywords=_SERVE_KEYWORDS,
+            forwards_kwargs_to="vllm:EngineArgs",
+            used_by=_EVAL,
+        ),
+        Entry(
+            # the same engine with vLLM's per-request acceptance record (vLLM >= 0.20 or so); without
+            # it the evaluation falls back to the aggregate counters alone
+            "vllm.LLM.serve_per_request_metrics",
+            "vllm:LLM",
+            keywords=(*_SERVE_KEYWORDS, "per_request_spec_decode_metrics"),
+            forwards_kwargs_to="vllm:EngineArgs",
+            used_by=_EVAL,
+            optional=True,
+        ),
+        Entry(
+            "vllm.LLM.get_metrics",
+            "vllm:LLM.get_metrics",
+            returns="list[Metric] (Counter .value, Vector .values), summed over label sets by the caller; "
+            "spec-decode counters appear only with disable_log_stats=False",
+            used_by=_EVAL,
+        ),
+        Entry("vllm.metrics.Metric", "vllm.v1.metrics.reader:Metric", attributes=("name",), used_by=_EVAL),
+        Entry(
+            "vllm.metrics.Counter",
+            "vllm.v1.metrics.reader:Counter",
+            attributes=("name", "value"),
+            used_by=_EVAL,
+        ),
+        Entry(
+            "vllm.metrics.Vector",
+            "vllm.v1.metrics.reader:Vector",
+            attributes=("name", "values"),
+            used_by=_EVAL,
+        ),
+        Entry(
             "vllm.SamplingParams",
             "vllm:SamplingParams",
-            keywords=("max_tokens", "temperature", "detokenize"),
+            keywords=("max_tokens", "temperature", "detokenize", "ignore_eos", "stop_token_ids"),
             used_by=_CAPTURE,
         ),
         Entry(
@@ -220,7 +280,55 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.RequestOutput",
             "vllm:RequestOutput",
-            attributes=("prompt_token_ids", "kv_transfer_params"),
+            attributes=("prompt_token_ids", "kv_transfer_params", "outputs"),
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.CompletionOutput",
+            "vllm:CompletionOutput",
+            attributes=("token_ids", "finish_reason"),
+            used_by=_EVAL,
+        ),
+        Entry(
+            "vllm.CompletionOutput.spec_decode_metrics",
+            "vllm:CompletionOutput",
+            attributes=("spec_decode_metrics",),
+            used_by=_EVAL,
+            optional=True,
+        ),
+        Entry(
+            "vllm.RequestSpecDecodeMetrics",
+            "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
+            attributes=("per_step_accepted", "per_step_drafted"),
+            used_by=_EVAL,
+            optional=True,
+        ),
+        # the drafter path, read inside the worker by the extension (private attributes: see module doc)
+        Entry(
+            "vllm.GPUModelRunner",
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+            attributes=("drafter",),
+            on_cpu=False,  # CPUModelRunner subclasses it; its own __init__ holds the CUDA-only set-up
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.EagleProposer",
+            "vllm.v1.spec_decode.eagle:EagleProposer",
+            attributes=("model",),
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.Eagle3LlamaForCausalLM",
+            "vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM",
+            attributes=("model", "logits_processor", "draft_id_to_target_id"),
+            returns="called by the proposer as model(input_ids=, positions=, hidden_states=, ...) -> "
+            "(normed hidden, pre-norm hidden); logits_processor(lm_head, hidden) -> (N, draft vocab) logits",
+            used_by=_CAPTURE,
+        ),
+        Entry(
+            "vllm.Eagle3LlamaModel",
+            "vllm.model_executor.models.llama_eagle3:LlamaModel",
+            attributes=("fc",),
             used_by=_CAPTURE,
         ),
         Entry(
@@ -236,13 +344,20 @@ VLLM_CONTRACT = Contract(
     ),
     extension=WorkerExtension(
         path=f"{_CAPTURE}.SpecdraftWorkerExtension",
-        rpc_methods=("specdraft_setup", "specdraft_pop", "specdraft_remove"),
+        rpc_methods=(
+            "specdraft_setup",
+            "specdraft_pop",
+            "specdraft_remove",
+            "specdraft_drafter_setup",
+            "specdraft_drafter_pop",
+            "specdraft_drafter_remove",
+        ),
         worker_classes=(
             "vllm.v1.worker.cpu_worker:CPUWorker",
             "vllm.v1.worker.gpu_worker:Worker",
         ),
         worker_methods=("get_model",),
-        worker_attributes=("rank",),
+        worker_attributes=("rank", "model_runner"),
     ),
     model=ModelContract(),
 )

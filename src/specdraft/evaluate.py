@@ -443,6 +443,7 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     threads: int = 0,
+    engine: str = "hf",
 ) -> int:
     """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
 
@@ -471,7 +472,15 @@ def evaluate(
         seed: seed of prompt-level random streams (sampling, untrained draft init).
         progress: show a progress bar.
         threads: torch CPU threads (0 = torch's default; 1 is steadier on a busy machine).
+        engine: `hf` (the reference decoder here) or `vllm` (vLLM speculative decoding of the exported draft,
+            its spec-decode counters next to the reference decoder's figures; chain drafting, T=0).
     """
+    if engine == "vllm":
+        return _evaluate_with_vllm(
+            draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed
+        )
+    if engine != "hf":
+        raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
                              budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads)  # fmt: skip
     for line in summary_lines(report):
@@ -483,3 +492,38 @@ def evaluate(
             print(f"DIVERGENCE {n}: prompt {dv['id']} ({dv['category']}) turn {dv['turn']} at token {dv['position']}: "
                   f"speculative {dv['speculative']} vs baseline {dv['baseline']}")  # fmt: skip
     return 1 if bad else 0
+
+
+def _evaluate_with_vllm(
+    draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
+    dtype: str, out: str, seed: int,
+) -> int:  # fmt: skip
+    """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
+    from specdraft.export import export
+    from specdraft.vllm_eval import evaluate_vllm
+    from specdraft.vllm_eval import summary_lines as vllm_summary
+
+    exports, refs = [], []
+    for i, spec in enumerate(draft):
+        cfg_file = Path(spec) / "config.json"
+        meta = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+        if "speculators_model_type" in meta or "LlamaForCausalLMEagle3" in meta.get("architectures", []):
+            exports.append(spec)  # already an export: vLLM only
+            continue
+        if spec == UNTRAINED:
+            raise ValueError(
+                "--engine vllm evaluates trained drafts (a train output or an export), not `untrained`"
+            )
+        exp = Path(out) / f"export-{i}"
+        export(spec, str(exp), format="speculators", target=target, k=k, check_vllm=False)
+        exports.append(str(exp))
+        refs.append(spec)
+    if refs and len(refs) != len(exports):
+        raise ValueError(
+            "--engine vllm: pass either training outputs (compared with the reference decoder) or exports"
+        )
+    report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
+                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out)  # fmt: skip
+    for line in vllm_summary(report):
+        print(line)
+    return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0

@@ -279,13 +279,7 @@ def eagle3_support_warnings(target_dir: str) -> list[str]:
 
     if importlib.util.find_spec("vllm") is None:
         return []
-    from specdraft import engines
-    from specdraft.doctor import run_doctor
+    from specdraft.doctor import eagle3_support
 
-    report = run_doctor(target=target_dir, contracts=[engines.VLLM_CONTRACT], quiet=True)
-    return [
-        f"{p.message}: vLLM cannot serve an EAGLE-3 draft for this target class (it exposes no aux hidden states); "
-        "serve with SGLang, or upgrade vLLM to a version whose class implements SupportsEagle3"
-        for p in report.problems
-        if p.check == "model" and "SupportsEagle3: no" in p.message
-    ]
+    ok, msg = eagle3_support(target_dir)
+    return [msg] if ok is False else []
