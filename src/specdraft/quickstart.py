@@ -100,7 +100,7 @@ def quickstart(
     final = train_dir / "final"
     if not (final / "config.json").exists():
         cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=1e-3,
-                          max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=0, device=device,
+                          max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=40, device=device,
                           resume=(train_dir / "checkpoints").exists())  # fmt: skip
         train(str(hs_dir), str(train_dir), cfg)
     tmeta = json.loads((final / "config.json").read_text()).get("train", {})
@@ -146,7 +146,7 @@ def quickstart(
             "baseline_tokens_per_s": report["baseline"]["tokens_per_s"],
         },
         "seconds": {k: round(v, 1) for k, v in times.items()} | {"total": round(time.time() - t_all, 1)},
-        "plots": report.get("plots", []),
+        "plots": [str(p) for p in [train_dir / "training.png", *report.get("plots", [])] if Path(p).exists()],
         "exports": {"speculators": str(exp_spec), "eagle3": str(exp_e3)},
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -907,12 +907,50 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
     if rank == 0:
         draft_cpu = st.draft if not (cfg.fsdp and world > 1) else load_latest_draft(out_dir)
         save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, **st.provenance}})
+        plot_metrics(metrics_path, out_dir / "training.png")
         if tb is not None:
             tb.close()
         print(f"train: done, {step} steps -> {final}", flush=True)
     if world > 1:
         dist.barrier()
     return final
+
+
+def plot_metrics(metrics_path: Path, png: Path) -> Path | None:
+    """training.png: loss and per-TTT-step accuracy against the step, train and validation."""
+    recs = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    if not recs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for split, style in (("train", "-"), ("val", "o--")):
+        rs = [r for r in recs if r.get("split") == split]
+        if not rs:
+            continue
+        steps = [r["step"] for r in rs]
+        ax_loss.plot(steps, [r["loss"] for r in rs], style, label=split)
+        for i in range(len(rs[0]["acc"])):
+            ax_acc.plot(
+                steps,
+                [r["acc"][i] for r in rs],
+                style,
+                label=f"{split} step {i}",
+                alpha=0.5 if split == "train" else 1.0,
+            )
+    ax_loss.set(xlabel="optimizer step", ylabel="loss (sum over TTT steps, decayed)", title="loss")
+    ax_acc.set(
+        xlabel="optimizer step", ylabel="top-1 agreement with the target", title="accuracy per TTT step"
+    )
+    ax_loss.legend()
+    ax_acc.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 def _draft_from_state(draft: Eagle3Draft, full_model_state: dict) -> Eagle3Draft:
