@@ -357,13 +357,9 @@ class VLLMEngine:
         return Generation(tokens, seconds, counters, per_request)
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        replies = engines.call_method(self.llm, "vllm.LLM.collective_rpc", method, args=tuple(args))
-        if not isinstance(replies, list) or not replies:
-            raise engines.ContractError(
-                f"LLM.collective_rpc({method!r}) returned {type(replies).__name__}, expected a list with one "
-                "reply per worker; the installed vLLM changed this return shape"
-            )
-        return replies
+        from specdraft.capture.vllm import collective_rpc
+
+        return collective_rpc(self.llm, method, *args)
 
     def start_drafter_capture(self, max_events: int = 4096) -> None:
         """Hook vLLM's loaded draft inside the worker (needs ``capture_drafter=True``)."""

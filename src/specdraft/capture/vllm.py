@@ -391,6 +391,17 @@ def _ensure_importable_in_workers() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
+def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:
+    """``LLM.collective_rpc`` with its return shape checked (one reply per worker, rank order)."""
+    replies = engines.call_method(llm, "vllm.LLM.collective_rpc", method, args=tuple(args))
+    if not isinstance(replies, list) or not replies:
+        raise engines.ContractError(
+            f"LLM.collective_rpc({method!r}) returned {type(replies).__name__}, expected a list with one "
+            "reply per worker; the installed vLLM changed this return shape (see docs/doctor.md)"
+        )
+    return replies
+
+
 class VLLMCapture:
     """Capture hidden states at ``layer_ids`` of a target served by vLLM, one prefill per prompt.
 
@@ -484,14 +495,7 @@ class VLLMCapture:
             self._capturing = True
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        """``collective_rpc`` with its return shape checked (one reply per worker, rank order)."""
-        replies = engines.call_method(self.llm, "vllm.LLM.collective_rpc", method, args=tuple(args))
-        if not isinstance(replies, list) or not replies:
-            raise engines.ContractError(
-                f"LLM.collective_rpc({method!r}) returned {type(replies).__name__}, expected a list with one "
-                "reply per worker; the installed vLLM changed this return shape (see docs/doctor.md)"
-            )
-        return replies
+        return collective_rpc(self.llm, method, *args)
 
     def _prompts(self, batch: list[list[int]]) -> list[Any]:
         for i, p in enumerate(batch):
