@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from specdraft.capture.hf import HFCapture
-from specdraft.data import normalize, read_conversations, sharegpt_path, tokenize_conversation
-from specdraft.extract import token_batches
-from specdraft.store import write_shard
+from specdraft.data.batching import token_batches
+from specdraft.data.prepare import normalize, read_conversations, sharegpt_path, tokenize_conversation
+from specdraft.data.store import write_shard
 from specdraft.targets import capture_layer_ids, load_target, resolve_target_dir
 
 

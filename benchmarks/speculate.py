@@ -20,8 +20,8 @@ import time
 import numpy as np
 import torch
 
-from specdraft.evaluate import UNTRAINED, load_eval_draft, load_prompts, render_prompt, stop_ids_of
-from specdraft.speculate import SpecConfig, Speculator
+from specdraft.decode.speculate import SpecConfig, Speculator
+from specdraft.eval.reference import UNTRAINED, load_eval_draft, load_prompts, render_prompt, stop_ids_of
 from specdraft.targets import load_target
 
 TREES = [(4, 4, 12), (8, 5, 24), (10, 6, 48)]  # (topk, depth, budget)

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from specdraft.draft import flops_per_token as draft_flops
-from specdraft.draft import load_draft_config
-from specdraft.train import TrainConfig, train
+from specdraft.model.checkpoint import load_draft_config
+from specdraft.model.draft import flops_per_token as draft_flops
+from specdraft.train.loop import TrainConfig, train
 
 CONFIGS = {
     "default": {"draft_vocab_size": 32000, "ttt_steps": 7},

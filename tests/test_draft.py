@@ -8,15 +8,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama as hf
 
-from specdraft.draft import (
+from specdraft.model.checkpoint import load_draft, save_draft
+from specdraft.model.draft import (
     DraftConfig,
     DraftKVCache,
     Eagle3Draft,
     build_draft,
     build_vocab_map,
     draft_to_target_ids,
-    load_draft,
-    save_draft,
 )
 from specdraft.targets import wrap_model
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import write_jsonl
 
-from specdraft.evaluate import (
+from specdraft.eval.reference import (
     acceptance_stats,
     evaluate,
     evaluate_report,
@@ -110,7 +110,7 @@ def test_eval_sampling_and_tree_and_cli_status(tiny_llama_dir, questions, tmp_pa
 
 
 def test_eval_loads_saved_and_trained_drafts(tiny_llama_dir, tmp_path):
-    from specdraft.draft import save_draft
+    from specdraft.model.checkpoint import save_draft
     from specdraft.targets import load_target
 
     tgt = load_target(str(tiny_llama_dir))
@@ -134,9 +134,9 @@ def test_eval_loads_saved_and_trained_drafts(tiny_llama_dir, tmp_path):
 def test_lossless_on_all_mtbench_first_turns(tmp_path):
     """The full check (~10+ min on 2 CPU cores): zero divergences over the 80 first turns, with a briefly
     trained draft, so accepted drafts, rejections and cache rollbacks all happen on the real target."""
-    from specdraft.data import prepare
-    from specdraft.extract import extract
-    from specdraft.train import TrainConfig, train
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
+    from specdraft.train.loop import TrainConfig, train
 
     ds = prepare("sharegpt", str(tmp_path / "ds"), max_length=256, max_samples=48)
     shards = extract(str(ds), str(tmp_path / "x"), samples_per_shard=16, skip_doctor=True)

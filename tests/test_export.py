@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
-from specdraft.draft import build_draft, save_draft
 from specdraft.export import FORMATS, export, export_config, export_state, validate
+from specdraft.model.checkpoint import save_draft
+from specdraft.model.draft import build_draft
 from specdraft.targets import wrap_model
 
 

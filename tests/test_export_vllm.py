@@ -24,13 +24,9 @@ import pytest
 import torch
 from conftest import needs_vllm
 
-from specdraft.data import prepare
-from specdraft.draft import load_draft
-from specdraft.export import FORMATS, export
-from specdraft.extract import extract
-from specdraft.targets import load_tokenizer, resolve_target_dir
-from specdraft.train import TrainConfig, train
-from specdraft.vllm_eval import (
+from specdraft.capture.extract import extract
+from specdraft.data.prepare import prepare
+from specdraft.eval.vllm import (
     VLLMEngine,
     _render,
     collect_prompts,
@@ -38,6 +34,10 @@ from specdraft.vllm_eval import (
     evaluate_vllm,
     summary_lines,
 )
+from specdraft.export import FORMATS, export
+from specdraft.model.checkpoint import load_draft
+from specdraft.targets import load_tokenizer, resolve_target_dir
+from specdraft.train.loop import TrainConfig, train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 

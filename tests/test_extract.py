@@ -13,9 +13,10 @@ import pytest
 import torch
 from conftest import conversations, write_jsonl
 
-from specdraft.data import prepare
-from specdraft.extract import extract, token_batches
-from specdraft.store import ShardSet, verify
+from specdraft.capture.extract import extract
+from specdraft.data.batching import token_batches
+from specdraft.data.prepare import prepare
+from specdraft.data.store import ShardSet, verify
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def load_all(path) -> dict:
 
 def test_extract_matches_direct_capture_and_verifies(tmp_path, dataset, tiny_llama_dir):
     from specdraft.capture.hf import HFCapture
-    from specdraft.data import load_dataset
+    from specdraft.data.prepare import load_dataset
     from specdraft.targets import load_target
 
     out = extract(str(dataset), str(tmp_path / "x"), target=str(tiny_llama_dir), samples_per_shard=16,
@@ -143,7 +144,7 @@ def test_corrupted_shard_is_reported_and_others_still_load(tmp_path, dataset, ti
 
 
 def test_refuses_when_disk_too_small(tmp_path, dataset, tiny_llama_dir, monkeypatch):
-    import specdraft.extract as ex
+    import specdraft.capture.extract as ex
 
     monkeypatch.setattr(
         ex.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000)

@@ -17,9 +17,9 @@ import pytest
 import torch
 from conftest import needs_vllm, write_jsonl
 
-from specdraft.data import DATASET_FILE, load_dataset, prepare, read_conversations, sharegpt_path
-from specdraft.extract import extract
-from specdraft.store import ShardSet, manifest_name, verify
+from specdraft.capture.extract import extract
+from specdraft.data.prepare import DATASET_FILE, load_dataset, prepare, read_conversations, sharegpt_path
+from specdraft.data.store import ShardSet, manifest_name, verify
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 

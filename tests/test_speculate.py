@@ -12,8 +12,7 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
-from specdraft.draft import build_draft
-from specdraft.speculate import (
+from specdraft.decode.speculate import (
     DraftTree,
     HFTargetRunner,
     SpecConfig,
@@ -27,6 +26,7 @@ from specdraft.speculate import (
     speculative_generate,
     target_generate,
 )
+from specdraft.model.draft import build_draft
 from specdraft.targets import wrap_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -404,7 +404,7 @@ def test_user_errors_are_explained(tiny):
 @pytest.mark.real
 def test_lossless_on_the_embedded_default(real_target):
     """Greedy speculative == target-only on a few MT-bench first turns (untrained draft, chain and tree)."""
-    from specdraft.evaluate import load_prompts, render_prompt
+    from specdraft.eval.reference import load_prompts, render_prompt
 
     tok = real_target.tokenizer
     aux = [2, real_target.num_layers // 2, real_target.num_layers - 3]

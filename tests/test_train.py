@@ -12,16 +12,25 @@ import torch.nn.functional as F
 from conftest import conversations, write_jsonl
 from torch import nn
 
-import specdraft.train as T
-from specdraft.draft import DraftKVCache, build_draft, load_draft
-from specdraft.train import NonFiniteError, TeacherHead, TrainConfig, TTTModel, train, ttt_mask, ttt_unroll
+import specdraft.train.loop as T
+from specdraft.model.checkpoint import load_draft
+from specdraft.model.draft import DraftKVCache, build_draft
+from specdraft.train.loop import (
+    NonFiniteError,
+    TeacherHead,
+    TrainConfig,
+    TTTModel,
+    train,
+    ttt_mask,
+    ttt_unroll,
+)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, tiny_llama_dir):
     """(dataset dir, shards dir) made by the real prepare + extract on the tiny Llama."""
-    from specdraft.data import prepare
-    from specdraft.extract import extract
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
 
     d = tmp_path_factory.mktemp("train-data")
     src = write_jsonl(d / "c.jsonl", conversations(48, seed=1))
@@ -281,8 +290,8 @@ def test_existing_output_needs_resume(tmp_path, data):
 @pytest.mark.real
 def test_real_target_short_run_learns(tmp_path):
     """SmolLM2-135M on real ShareGPT: validation loss falls and step-0 accuracy rises well above the untrained draft."""
-    from specdraft.data import prepare
-    from specdraft.extract import extract
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
 
     ds = prepare("sharegpt", str(tmp_path / "ds"), max_length=256, max_samples=64)
     shards = extract(str(ds), str(tmp_path / "x"), samples_per_shard=32, skip_doctor=True)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.draft import load_draft
+from specdraft.model.checkpoint import load_draft
 
 SCRIPT = textwrap.dedent(
     """
     import sys
-    from specdraft.train import TrainConfig, train
+    from specdraft.train.loop import TrainConfig, train
 
     shards, out, fsdp = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     cfg = TrainConfig(draft_vocab_size=128, ttt_steps=3, max_tokens=1024, max_length=128, epochs=1, max_steps=5,
@@ -53,8 +53,8 @@ def records(out: Path, split: str) -> list[dict]:
 def shards(tmp_path_factory, tiny_llama_dir):
     from conftest import conversations, write_jsonl
 
-    from specdraft.data import prepare
-    from specdraft.extract import extract
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
 
     d = tmp_path_factory.mktemp("dist-data")
     src = write_jsonl(d / "c.jsonl", conversations(48, seed=1))

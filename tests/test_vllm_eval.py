@@ -11,9 +11,8 @@ import json
 import pytest
 import torch
 
-from specdraft.draft import DraftConfig, DraftKVCache, Eagle3Draft
-from specdraft.evaluate import Prompt, acceptance_stats, render_prompt
-from specdraft.vllm_eval import (
+from specdraft.eval.reference import Prompt, acceptance_stats, render_prompt
+from specdraft.eval.vllm import (
     _diff_counters,
     _render,
     collect_prompts,
@@ -24,6 +23,7 @@ from specdraft.vllm_eval import (
     export_format,
     stop_ids_for,
 )
+from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft
 
 
 def test_counter_stats_use_the_reference_definitions():

@@ -18,31 +18,15 @@ from importlib import import_module
 
 # name -> "module:function"; imported lazily so `specdraft --help` and `doctor` start fast
 COMMANDS = {
-    "prepare": "specdraft.data:prepare",
-    "extract": "specdraft.extract:extract",
-    "verify": "specdraft.cli:verify",
-    "train": "specdraft.train:train",
-    "eval": "specdraft.evaluate:evaluate",
+    "prepare": "specdraft.data.prepare:prepare",
+    "extract": "specdraft.capture.extract:extract",
+    "verify": "specdraft.data.store:verify_dirs",
+    "train": "specdraft.train.loop:train",
+    "eval": "specdraft.eval.reference:evaluate",
     "export": "specdraft.export:export",
-    "doctor": "specdraft.doctor:doctor",
+    "doctor": "specdraft.engine.doctor:doctor",
     "quickstart": "specdraft.quickstart:quickstart",
 }
-
-
-def verify(paths: list[str], quick: bool = False) -> int:
-    """Check extraction outputs against their manifests; report every problem found.
-
-    Args:
-        paths: one or more extraction directories (outputs of all --shard-index processes of one run).
-        quick: check counts, sizes and checksums only, without reading every tensor.
-    """
-    from specdraft.store import verify as run_verify
-
-    problems = run_verify(paths, deep=not quick)
-    for p in problems:
-        print(f"PROBLEM {p}")
-    print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'} ({', '.join(paths)})")
-    return 1 if problems else 0
 
 
 def _arg_docs(fn) -> dict[str, str]:

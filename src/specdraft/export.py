@@ -28,23 +28,12 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft import __version__
-from specdraft.draft import CONFIG_FILE, FORMAT, DraftConfig, Eagle3Draft, load_draft
+from specdraft.model.checkpoint import load_trained
+from specdraft.model.draft import DraftConfig, Eagle3Draft
 
 FORMATS = ("speculators", "eagle3")
 _LAYER_PREFIX = {"speculators": "layers.0.", "eagle3": "midlayer."}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_trained(checkpoint: str | Path) -> Eagle3Draft:
-    """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`) or a `specdraft train` output dir."""
-    p = Path(checkpoint)
-    if (p / CONFIG_FILE).exists() and json.loads((p / CONFIG_FILE).read_text()).get("format") == FORMAT:
-        return load_draft(p)
-    if (p / "final" / CONFIG_FILE).exists():
-        return load_draft(p / "final")
-    from specdraft.train import load_latest_draft
-
-    return load_latest_draft(p)
 
 
 def export_state(draft: Eagle3Draft, fmt: str, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -279,7 +268,7 @@ def eagle3_support_warnings(target_dir: str) -> list[str]:
 
     if importlib.util.find_spec("vllm") is None:
         return []
-    from specdraft.doctor import eagle3_support
+    from specdraft.engine.doctor import eagle3_support
 
     ok, msg = eagle3_support(target_dir)
     return [msg] if ok is False else []

@@ -58,12 +58,12 @@ def quickstart(
         device: cpu or cuda (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
     """
-    from specdraft.data import MANIFEST_FILE, prepare
-    from specdraft.evaluate import UNTRAINED, evaluate_report, summary_lines
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import MANIFEST_FILE, prepare
+    from specdraft.eval.reference import UNTRAINED, evaluate_report, summary_lines
     from specdraft.export import export, serve_commands
-    from specdraft.extract import extract
     from specdraft.targets import resolve_target_dir
-    from specdraft.train import TrainConfig, train
+    from specdraft.train.loop import TrainConfig, train
 
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")

@@ -211,6 +211,15 @@ def find_layout(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     )
 
 
+def layer_hidden(args, kwargs, out=None) -> torch.Tensor:
+    """The hidden-state tensor of a decoder layer's input (args/kwargs) or output (tuple or tensor)."""
+    if out is not None:
+        return out[0] if isinstance(out, (tuple, list)) else out
+    if args:
+        return args[0]
+    return kwargs["hidden_states"]
+
+
 def config_hash(config) -> str:
     """A stable hash of a (text) config: what a later stage compares to refuse mismatched artefacts."""
     d = config.to_dict()

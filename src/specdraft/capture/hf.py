@@ -13,16 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.targets import Target
-
-
-def _hidden_of(args, kwargs, out=None) -> torch.Tensor:
-    """The hidden-state tensor of a decoder layer's input (args/kwargs) or output (tuple or tensor)."""
-    if out is not None:
-        return out[0] if isinstance(out, (tuple, list)) else out
-    if args:
-        return args[0]
-    return kwargs["hidden_states"]
+from specdraft.targets import Target, layer_hidden
 
 
 class HFCapture:
@@ -45,13 +36,13 @@ class HFCapture:
             if i < len(layers):
 
                 def pre(mod, args, kwargs, i=i):
-                    self._slots[i] = _hidden_of(args, kwargs)
+                    self._slots[i] = layer_hidden(args, kwargs)
 
                 handles.append(layers[i].register_forward_pre_hook(pre, with_kwargs=True))
             else:
 
                 def post(mod, args, out, i=i):
-                    self._slots[i] = _hidden_of(None, None, out)
+                    self._slots[i] = layer_hidden(None, None, out)
 
                 handles.append(layers[-1].register_forward_hook(post))
         return handles

@@ -5,7 +5,7 @@ that extension are called through ``LLM.collective_rpc`` to install plain torch 
 decoder layers of the model inside the worker, run one prefill per prompt with
 ``SamplingParams(max_tokens=1)``, and ship what the hooks saw back as ``torch.save`` bytes (vLLM's
 IPC would otherwise turn tensors into lists). Scheduler, request and KV-cache internals are never
-touched. Every vLLM symbol is used through :mod:`specdraft.engines`, the engine contract.
+touched. Every vLLM symbol is used through :mod:`specdraft.engine.contract`, the engine contract.
 
 Layer ids (the project's convention, the same as the transformers backend): id ``k`` in
 ``[0, L-1]`` is the hidden state ENTERING decoder layer ``k`` (id 0 is the embedding output); id
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdraft import engines
+from specdraft.engine import contract as engines
 
 EXTENSION_PATH = "specdraft.capture.vllm.SpecdraftWorkerExtension"
 _STATE = "_specdraft_capture_state"

@@ -22,7 +22,7 @@ Besides plain calls there are implicit contracts no type checker sees:
 * :class:`ModelContract` -- the attributes our hooks need on vLLM's model class for the target's
   architecture (``model``, ``model.layers``, ``model.norm``), and whether that class implements
   ``SupportsEagle3`` (vLLM serves an EAGLE-3 draft only for such a class; doctor warns otherwise).
-* The drafter path (:mod:`specdraft.vllm_eval` parity checks): the worker extension reaches vLLM's
+* The drafter path (:mod:`specdraft.eval.vllm` parity checks): the worker extension reaches vLLM's
   loaded EAGLE-3 draft through private attributes, ``worker.model_runner.drafter.model`` and, on
   that model, ``model.fc`` and ``logits_processor``. Each hop is declared below as an attribute
   entry (``vllm.GPUModelRunner`` -> ``drafter``, ``vllm.EagleProposer`` -> ``model``, ...), so
@@ -161,7 +161,7 @@ class Contract:
 
 
 _CAPTURE = "specdraft.capture.vllm"
-_EVAL = "specdraft.vllm_eval"
+_EVAL = "specdraft.eval.vllm"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -185,7 +185,7 @@ _LLM_KEYWORDS = (
     "kv_transfer_config",
 )
 
-#: Keywords :mod:`specdraft.vllm_eval` passes to ``LLM(...)`` to serve a target with (or without) an
+#: Keywords :mod:`specdraft.eval.vllm` passes to ``LLM(...)`` to serve a target with (or without) an
 #: EAGLE-3 draft; those not named in ``LLM.__init__`` travel through ``**kwargs`` into ``EngineArgs``.
 _SERVE_KEYWORDS = (
     "model",
@@ -370,7 +370,7 @@ TRANSFORMERS_CONTRACT = Contract(
             "transformers:AutoConfig.from_pretrained",
             positional=1,
             keywords=("trust_remote_code",),
-            used_by="specdraft.doctor",
+            used_by="specdraft.engine.doctor",
         ),
     ),
 )
@@ -392,7 +392,7 @@ def entry(name: str) -> Entry:
         return _ALL[name]
     except KeyError:
         raise ContractError(
-            f"engine symbol {name!r} is not declared in specdraft/engines.py; declare it "
+            f"engine symbol {name!r} is not declared in specdraft/engine/contract.py; declare it "
             "(symbol, positional count, keywords) before calling it"
         ) from None
 
@@ -424,12 +424,12 @@ def _check_call(e: Entry, n_args: int, keywords: set[str]) -> None:
     if n_args != e.positional:
         raise ContractError(
             f"{e.name}: called with {n_args} positional argument(s), contract declares "
-            f"{e.positional}; update specdraft/engines.py together with the call"
+            f"{e.positional}; update specdraft/engine/contract.py together with the call"
         )
     extra = sorted(keywords - set(e.keywords))
     if extra:
         raise ContractError(
-            f"{e.name}: keyword(s) {extra} are not declared in specdraft/engines.py "
+            f"{e.name}: keyword(s) {extra} are not declared in specdraft/engine/contract.py "
             f"(declared: {list(e.keywords)}); declare them so doctor can check them"
         )
 
@@ -465,7 +465,7 @@ def read(obj: Any, name: str, attribute: str) -> Any:
     if attribute not in e.attributes:
         raise ContractError(
             f"{name}: attribute {attribute!r} is not declared (declared: {list(e.attributes)}); "
-            "add it to the entry's attributes in specdraft/engines.py"
+            "add it to the entry's attributes in specdraft/engine/contract.py"
         )
     return getattr(obj, attribute)
 

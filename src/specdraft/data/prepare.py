@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specdraft import __version__
+from specdraft.fileio import file_hash
 
 _ROLE_MAP = {
     "human": "user",
@@ -204,13 +205,6 @@ def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], l
 # ---------------------------------------------------------------------------------------------------------
 # the prepare stage
 # ---------------------------------------------------------------------------------------------------------
-
-
-def file_hash(path: Path) -> str:
-    """A short content hash of a file, for manifests."""
-    from specdraft.store import sha256_file
-
-    return sha256_file(path)[:16]
 
 
 def prepare(

@@ -15,7 +15,6 @@ last, so a run killed at any point leaves no partial shard visible and loses no 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -27,7 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from specdraft.data.prepare import COUNTS_FILE
+from specdraft.fileio import DTYPES, atomic_write_bytes, sha256_file, tmp_path
 
 
 def manifest_name(shard_index: int, num_shards: int) -> str:
@@ -49,23 +49,6 @@ def plan_shards(lengths: dict[int, int], samples_per_shard: int) -> list[list[in
     return [order[i : i + samples_per_shard] for i in range(0, len(order), samples_per_shard)]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_shard(out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]]) -> dict:
     """Write one shard and then its sidecar, both atomically; returns the sidecar."""
     tensors = {}
@@ -74,7 +57,7 @@ def write_shard(out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]
         tensors[f"{sid}.loss_mask"] = s["loss_mask"].to(torch.uint8).contiguous()
         tensors[f"{sid}.hidden"] = s["hidden"].contiguous()
     path = out / f"{stem}.safetensors"
-    tmp = out / f".{stem}.safetensors.tmp"
+    tmp = tmp_path(path)
     save_file(tensors, str(tmp))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
@@ -85,13 +68,13 @@ def write_shard(out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]
         "sha256": sha256_file(path),
         "bytes": path.stat().st_size,
     }
-    _atomic_write_bytes(out / f"{stem}.json", json.dumps(sidecar).encode())
+    atomic_write_bytes(out / f"{stem}.json", json.dumps(sidecar).encode())
     return sidecar
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
     name = manifest_name(manifest["shard_index"], manifest["num_shards"])
-    _atomic_write_bytes(out / name, json.dumps(manifest, indent=1).encode())
+    atomic_write_bytes(out / name, json.dumps(manifest, indent=1).encode())
 
 
 def bytes_per_token(n_layers: int, hidden: int, dtype: str) -> int:
@@ -174,8 +157,6 @@ class ShardSet:
 
     def token_counts(self) -> np.ndarray:
         """Token frequencies over loss-masked tokens, from the dataset the shards were extracted from."""
-        from specdraft.data import COUNTS_FILE
-
         path = Path(self.manifest["dataset"]) / COUNTS_FILE
         if not path.exists():
             raise FileNotFoundError(
@@ -257,6 +238,20 @@ def verify(paths: list[str] | str, deep: bool = True) -> list[str]:
         except Exception as e:  # a corrupted header or truncated file
             problems.append(f"{path.name}: unreadable ({type(e).__name__}: {e})")
     return problems
+
+
+def verify_dirs(paths: list[str], quick: bool = False) -> int:
+    """Check extraction outputs against their manifests; report every problem found.
+
+    Args:
+        paths: one or more extraction directories (outputs of all --shard-index processes of one run).
+        quick: check counts, sizes and checksums only, without reading every tensor.
+    """
+    problems = verify(paths, deep=not quick)
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'} ({', '.join(paths)})")
+    return 1 if problems else 0
 
 
 def estimate_bytes(num_tokens: int, n_layers: int, hidden: int, dtype: str) -> int:

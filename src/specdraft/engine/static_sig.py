@@ -6,7 +6,7 @@ and builds the signature of what makes a class callable: an explicit or inherite
 dataclass and pydantic-dataclass fields, decorators marked ``dataclass_transform`` (vLLM's
 ``@config``), ``InitVar``/``ClassVar``/``KW_ONLY``/``field(init=False)``, msgspec structs and
 ``TypedDict``. :class:`SigInfo` is the signature model shared with the import-based reader of
-:mod:`specdraft.contract_check`, and :func:`unguarded_cuda_calls` finds ``torch.cuda.*`` calls a CPU
+:mod:`specdraft.engine.check`, and :func:`unguarded_cuda_calls` finds ``torch.cuda.*`` calls a CPU
 machine would run.
 
 ``specdraft doctor --against vllm==X`` uses this module to check the contract against a release that

@@ -47,12 +47,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
-from specdraft.draft import DraftKVCache, Eagle3Draft, build_draft, save_draft
-from specdraft.extract import token_batches
+from specdraft.data.batching import token_batches
+from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, latest_checkpoint, load_draft, save_draft
+from specdraft.model.draft import DraftKVCache, Eagle3Draft, build_draft
 
-STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
-LATEST_FILE = "latest"
 
 
 class NonFiniteError(ValueError):
@@ -443,18 +442,6 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def latest_checkpoint(out: str | Path) -> Path | None:
-    """The newest complete checkpoint directory under OUT/checkpoints, or None."""
-    root = Path(out) / "checkpoints"
-    pointer = root / LATEST_FILE
-    if pointer.exists():
-        p = root / pointer.read_text().strip()
-        if (p / STATE_FILE).exists():
-            return p
-    found = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
-    return found[-1] if found else None
-
-
 def _atomic_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -548,7 +535,7 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     )
     if cfg.online:
         from specdraft.capture.hf import HFCapture
-        from specdraft.data import load_dataset
+        from specdraft.data.prepare import load_dataset
 
         ds = load_dataset(data)
         tgt = load_target(cfg.target or ds.manifest.get("target") or "smollm2-135m", device=str(device), dtype=target_dtype,
@@ -562,7 +549,7 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
         source = OnlineSource(ds, HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0))
         prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids}
     else:
-        from specdraft.store import ShardSet
+        from specdraft.data.store import ShardSet
 
         ss = ShardSet.open([p for p in data.split(",") if p])
         man = ss.manifest
@@ -905,7 +892,7 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
     checkpoint(step)
     final = out_dir / "final"
     if rank == 0:
-        draft_cpu = st.draft if not (cfg.fsdp and world > 1) else load_latest_draft(out_dir)
+        draft_cpu = st.draft if not (cfg.fsdp and world > 1) else load_draft(latest_checkpoint(out_dir))
         save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, **st.provenance}})
         plot_metrics(metrics_path, out_dir / "training.png")
         if tb is not None:
@@ -958,13 +945,3 @@ def _draft_from_state(draft: Eagle3Draft, full_model_state: dict) -> Eagle3Draft
     cpu = Eagle3Draft(draft.cfg)
     cpu.load_state_dict({k.removeprefix("draft."): v for k, v in full_model_state.items()}, strict=True)
     return cpu
-
-
-def load_latest_draft(out: str | Path) -> Eagle3Draft:
-    """The draft of the newest checkpoint under OUT."""
-    from specdraft.draft import load_draft
-
-    ck = latest_checkpoint(out)
-    if ck is None:
-        raise FileNotFoundError(f"no checkpoint under {out}/checkpoints")
-    return load_draft(ck)

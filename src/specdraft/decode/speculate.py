@@ -3,7 +3,7 @@
 One sequence at a time, any device, KV caches on both sides. The token stream is x_0 .. x_{n-1}: the prompt,
 then accepted tokens; the last one, x_{n-1}, was produced by the target but not yet fed to it (the "root").
 
-Alignment (as in training, see `specdraft.train.ttt_unroll`): the draft at position t reads the fused aux
+Alignment (as in training, see `specdraft.train.loop.ttt_unroll`): the draft at position t reads the fused aux
 features f_t of the target at position t and the embedding of token x_{t+1}, and predicts x_{t+2}. So before
 a round the draft's cache holds pairs (f_t, x_{t+1}) for t = 0 .. n-2 and its last output predicts x_n, the
 first draft token d_1; draft token d_j is fed back at position n-2+j with the draft's own previous hidden
@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from specdraft.draft import DraftKVCache, Eagle3Draft, draft_to_target_ids
+from specdraft.model.draft import DraftKVCache, Eagle3Draft, draft_to_target_ids
 
 # ---------------------------------------------------------------------------------------------------------
 # settings and results
@@ -174,12 +174,12 @@ class HFTargetRunner:
             )
         self._slots: dict[int, torch.Tensor] = {}
         self._handles = []
-        from specdraft.capture.hf import _hidden_of
+        from specdraft.targets import layer_hidden
 
         for i in self.aux_layer_ids:
 
             def pre(mod, args, kwargs, i=i):
-                self._slots[i] = _hidden_of(args, kwargs)
+                self._slots[i] = layer_hidden(args, kwargs)
 
             self._handles.append(target.layers[i].register_forward_pre_hook(pre, with_kwargs=True))
         self.cache = DynamicCache()

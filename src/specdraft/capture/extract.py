@@ -2,7 +2,7 @@
 
 Per sample the shards hold token ids, loss mask and hidden states (T, 4, H): the 3 aux ids (sorted) and
 the final id L (before the final norm; see `specdraft.targets` for the convention). Restarting a killed
-run finishes exactly the shards not yet complete (see `specdraft.store`). `--num-shards N --shard-index i`
+run finishes exactly the shards not yet complete (see `specdraft.data.store`). `--num-shards N --shard-index i`
 splits one dataset over N processes or nodes; `specdraft verify` joins their outputs.
 """
 
@@ -17,9 +17,9 @@ import torch
 from tqdm import tqdm
 
 from specdraft import __version__
-from specdraft.data import DATASET_FILE, file_hash, load_dataset
-from specdraft.store import (
-    DTYPES,
+from specdraft.data.batching import token_batches
+from specdraft.data.prepare import DATASET_FILE, load_dataset
+from specdraft.data.store import (
     estimate_bytes,
     manifest_name,
     partition,
@@ -28,22 +28,8 @@ from specdraft.store import (
     write_manifest,
     write_shard,
 )
+from specdraft.fileio import DTYPES, file_hash
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
-
-
-def token_batches(sids: list[int], lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
-    """Cut length-sorted samples into batches whose padded size (rows x longest) stays within max_tokens."""
-    batches, cur, longest = [], [], 0
-    for s in sids:
-        n = lengths[s]
-        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(s)
-        longest = max(longest, n)
-    if cur:
-        batches.append(cur)
-    return batches
 
 
 def extract(
@@ -217,8 +203,8 @@ def extract(
 
 def _preflight(backend: str, model_dir: str, layer_ids: list[int], planned_bytes: int, out_dir: Path) -> None:
     """Run doctor's checks for this backend before any weight is loaded; refuse when something would break."""
-    from specdraft import engines
-    from specdraft.doctor import run_doctor
+    from specdraft.engine import contract as engines
+    from specdraft.engine.doctor import run_doctor
 
     contracts = [c for name, c in engines.CONTRACTS.items() if backend == "vllm" or name != "vllm"]
     report = run_doctor(target=model_dir, aux_layer_ids=layer_ids[:-1], planned_bytes=planned_bytes,

@@ -4,7 +4,7 @@ The target is served twice, in sequence, in this process (vLLM's in-process engi
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the first engine is dropped before the next is built): alone
 (the baseline) and with each exported draft as ``speculative_config={"method": "eagle3", "model":
 EXPORT, "num_speculative_tokens": k}``. Both decode greedily (T = 0), fp32 on CPU, eager mode.
-Prompts are built exactly as the reference evaluation builds them (:mod:`specdraft.evaluate`: the
+Prompts are built exactly as the reference evaluation builds them (:mod:`specdraft.eval.reference`: the
 tokenizer's chat template with the generation prompt, then the ids passed to vLLM as
 ``TokensPrompt``), and generation stops at the same end-of-sequence ids, so the two reports are
 comparable prompt by prompt.
@@ -25,14 +25,14 @@ i). Reported per draft:
   lossless                      speculative output == target-only output token for token; every
                                 divergence with its prompt, turn and position.
 
-Accounting, measured on vLLM 0.32.0 and matching :mod:`specdraft.speculate`: a round drafts k tokens
+Accounting, measured on vLLM 0.32.0 and matching :mod:`specdraft.decode.speculate`: a round drafts k tokens
 even when fewer remain to ``max_tokens``, and its accepted count is taken before the output is cut
 at ``max_tokens`` or a stop token; the prefill is not a round.
 
-:func:`drafter_parity` checks our :class:`~specdraft.draft.Eagle3Draft` against the draft vLLM
+:func:`drafter_parity` checks our :class:`~specdraft.model.draft.Eagle3Draft` against the draft vLLM
 loaded, on the inputs vLLM gave it (captured inside the worker by
 :class:`specdraft.capture.vllm.SpecdraftWorkerExtension`). Every vLLM symbol goes through
-:mod:`specdraft.engines`.
+:mod:`specdraft.engine.contract`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from specdraft import engines
+from specdraft.engine import contract as engines
 from specdraft.targets import EMBEDDED_DEFAULT
 
 REPORT_FILE = "report_vllm.json"
@@ -82,15 +82,15 @@ class EvalPrompt:
 def collect_prompts(prompts: str | Sequence[Any], max_prompts: int = 0) -> list[EvalPrompt]:
     """Normalise the ``prompts`` argument of :func:`evaluate_vllm`.
 
-    Accepted: ``"mtbench"`` or a jsonl / JSON path (read by :func:`specdraft.evaluate.load_prompts`,
+    Accepted: ``"mtbench"`` or a jsonl / JSON path (read by :func:`specdraft.eval.reference.load_prompts`,
     the reference evaluation's reader), or a list whose items are token-id lists, user messages
     (str, one-turn chats), chats (lists of ``{"role", "content"}`` dicts, rendered with the
-    generation prompt appended) or :class:`specdraft.evaluate.Prompt` objects.
+    generation prompt appended) or :class:`specdraft.eval.reference.Prompt` objects.
 
     Raises:
         ValueError: an empty list or an item of another kind.
     """
-    from specdraft.evaluate import Prompt, load_prompts
+    from specdraft.eval.reference import Prompt, load_prompts
 
     if isinstance(prompts, (str, Path)):
         return [EvalPrompt(p.id, p.category, list(p.turns)) for p in load_prompts(str(prompts), max_prompts)]
@@ -116,8 +116,8 @@ def collect_prompts(prompts: str | Sequence[Any], max_prompts: int = 0) -> list[
 
 
 def _render(tokenizer: Any, p: EvalPrompt, turn: int, answers: list[str]) -> list[int]:
-    """Token ids of turn ``turn`` (0-based) of ``p``, exactly as :func:`specdraft.evaluate.render_prompt`."""
-    from specdraft.evaluate import render_prompt
+    """Token ids of turn ``turn`` (0-based) of ``p``, exactly as :func:`specdraft.eval.reference.render_prompt`."""
+    from specdraft.eval.reference import render_prompt
 
     if p.token_ids is not None:
         return list(p.token_ids)
@@ -479,7 +479,7 @@ def evaluate_vllm(
         max_num_seqs: sequences vLLM decodes together.
         seed: engine seed.
         reference: training outputs / saved drafts, one per export, to run the reference decoder
-            (:func:`specdraft.evaluate.evaluate_report`) on the same prompts and k and put its figures
+            (:func:`specdraft.eval.reference.evaluate_report`) on the same prompts and k and put its figures
             next to vLLM's (``drafts[name]["reference"]``).
         out: write ``report_vllm.json`` there (empty: write nothing).
         trust_remote_code: allow the target's custom code.
@@ -490,7 +490,7 @@ def evaluate_vllm(
         ValueError: bad arguments, or a reference list that does not pair with the exports.
         FileNotFoundError: an export directory without config.json.
     """
-    from specdraft.evaluate import first_divergence
+    from specdraft.eval.reference import first_divergence
     from specdraft.targets import load_tokenizer, resolve_target_dir
 
     exports = [str(export_dir)] if isinstance(export_dir, (str, Path)) else [str(e) for e in export_dir]
@@ -654,7 +654,7 @@ def _add_reference(
     """Run the reference decoder on the same prompts and k; put its figures next to vLLM's."""
     import tempfile
 
-    from specdraft.evaluate import evaluate_report
+    from specdraft.eval.reference import evaluate_report
 
     with tempfile.TemporaryDirectory(prefix="specdraft_ref_") as tmp:
         ref = evaluate_report(list(dict.fromkeys(reference)), target=target, prompts=prompts, turns=turns, max_prompts=max_prompts,
@@ -761,7 +761,7 @@ def drafter_parity(draft: Any, capture: dict[str, Any]) -> dict[str, Any]:
     Raises:
         ValueError: the capture holds several requests in one call, or a call starts beyond the context.
     """
-    from specdraft.draft import DraftKVCache
+    from specdraft.model.draft import DraftKVCache
 
     draft = draft.eval()
     p = next(draft.parameters())

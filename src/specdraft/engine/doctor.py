@@ -2,7 +2,7 @@
 
 What is checked:
 
-* **The engine contract** (:mod:`specdraft.engines`): every declared call is bound against the installed
+* **The engine contract** (:mod:`specdraft.engine.contract`): every declared call is bound against the installed
   signature with ``inspect.signature(...).bind`` (positional count, keyword names, required
   parameters we do not pass). Class signatures come from whatever builds ``__init__``: an explicit or
   inherited ``__init__``, ``dataclasses``, pydantic dataclasses, decorators marked with
@@ -33,8 +33,8 @@ contract entries would break.
 Binding against the installed engine means importing it (10-15 s for vLLM on 2 cores, nearly all
 in ``vllm/__init__`` and ``vllm.config``, which every declared symbol needs); the result is kept
 under ``~/.cache/specdraft/doctor`` and reused while a fingerprint of everything it depends on is
-unchanged (``cache=False`` / ``--no-cache`` binds again). The code: :mod:`specdraft.static_sig` (the
-``ast`` reader), :mod:`specdraft.contract_check` (binding and the implicit contracts), this module
+unchanged (``cache=False`` / ``--no-cache`` binds again). The code: :mod:`specdraft.engine.static_sig` (the
+``ast`` reader), :mod:`specdraft.engine.check` (binding and the implicit contracts), this module
 (report, ``--against``, environment, target, cache, entry points).
 
 Out of static reach: a changed RETURN SHAPE (e.g. ``collective_rpc(unique_reply_rank=...)`` returning
@@ -60,10 +60,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft import engines
-from specdraft.contract_check import Problem, check_contract, installed_root, shorten
-from specdraft.engines import Contract
-from specdraft.static_sig import SourceTree, unguarded_cuda_calls
+from specdraft.engine import contract as engines
+from specdraft.engine.check import Problem, check_contract, installed_root, shorten
+from specdraft.engine.contract import Contract
+from specdraft.engine.static_sig import SourceTree, unguarded_cuda_calls
 
 __all__ = [
     "Problem",
@@ -418,7 +418,7 @@ def _tree_stat(d: Path) -> str:
 
 
 #: specdraft's files the import-mode results depend on (the checker, the contract, the extension)
-_CHECKER_FILES = ("engines.py", "contract_check.py", "static_sig.py", "capture/vllm.py")
+_CHECKER_FILES = ("engine/contract.py", "engine/check.py", "engine/static_sig.py", "capture/vllm.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -442,7 +442,7 @@ def _contract_fingerprint(contract: Contract, device: str, architectures: Sequen
     h = hashlib.sha256()
     h.update(repr((contract, device, tuple(architectures), sys.executable, sys.version)).encode())
     h.update(_tree_stat(root / contract.engine).encode())
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # src/specdraft
     for name in _CHECKER_FILES:
         h.update((here / name).read_bytes())
     h.update(_installed_distributions().encode())
@@ -512,7 +512,7 @@ def run_doctor(
         out_dir: where outputs will be written (for the disk check).
         trust_remote_code: whether the user allows the target's custom code.
         device: ``auto``, ``cpu`` or ``cuda``: where the engine will run (CUDA-only calls break on cpu).
-        contracts: contracts to check (default: every contract in :mod:`specdraft.engines`).
+        contracts: contracts to check (default: every contract in :mod:`specdraft.engine.contract`).
         quiet: print nothing.
         cache: reuse the import-mode contract results of an earlier run while nothing they depend on
             changed (see :func:`_contract_fingerprint`); False binds against the installed engine again.

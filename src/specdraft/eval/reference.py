@@ -1,7 +1,7 @@
 """`specdraft eval`: acceptance, losslessness and speed of drafts by real speculative decoding.
 
 For every prompt (MT-bench questions, both turns if asked, or any jsonl of chats) the target first decodes
-alone (the baseline, timed), then with each draft (`specdraft.speculate`, timed). Reported per draft:
+alone (the baseline, timed), then with each draft (`specdraft.decode.speculate`, timed). Reported per draft:
   tau                 mean tokens per target forward of a decoding round (accepted draft tokens + 1);
   acceptance          per draft position i: P(position i accepted | positions < i accepted), and the share of
                       rounds reaching i;
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdraft.speculate import GenResult, SpecConfig, Speculator
+from specdraft.decode.speculate import GenResult, SpecConfig, Speculator
 from specdraft.targets import EMBEDDED_DEFAULT
 
 UNTRAINED = "untrained"
@@ -52,7 +52,7 @@ def load_prompts(prompts: str = "mtbench", max_prompts: int = 0) -> list[Prompt]
     ({"messages"|"conversations": [...]}, OpenAI or ShareGPT roles) whose user turns are used.
     `max_prompts` > 0 keeps that many, taken round-robin over categories (MT-bench: 8 -> one per category).
     """
-    from specdraft.data import mtbench_path, normalize, read_conversations
+    from specdraft.data.prepare import mtbench_path, normalize, read_conversations
 
     path = mtbench_path() if prompts == "mtbench" else Path(prompts)
     if not Path(path).exists():
@@ -124,12 +124,12 @@ def token_counts_from(path: str, vocab_size: int) -> np.ndarray:
     if not path:
         return np.ones(vocab_size, dtype=np.int64)
     p = Path(path)
-    from specdraft.data import COUNTS_FILE
+    from specdraft.data.prepare import COUNTS_FILE
 
     if (p / COUNTS_FILE).exists():
         return np.load(p / COUNTS_FILE)
     if list(p.glob("manifest-*.json")):
-        from specdraft.store import ShardSet
+        from specdraft.data.store import ShardSet
 
         return ShardSet.open(str(p)).token_counts()
     raise FileNotFoundError(f"{p} holds no token counts: pass a `specdraft prepare` output (with {COUNTS_FILE}) "
@@ -139,21 +139,17 @@ def token_counts_from(path: str, vocab_size: int) -> np.ndarray:
 def load_eval_draft(spec: str, target, counts: str = "", draft_vocab_size: int = 32000, seed: int = 0):
     """A draft for evaluation: `untrained` (a fresh `build_draft` with the default aux ids and the draft
     vocabulary from `counts`), a saved draft dir, or a training output dir (its newest checkpoint)."""
-    from specdraft.draft import CONFIG_FILE, build_draft, load_draft
+    from specdraft.model.checkpoint import load_trained
+    from specdraft.model.draft import build_draft
     from specdraft.targets import default_aux_layer_ids
 
     if spec == UNTRAINED:
         c = token_counts_from(counts, target.vocab_size)
         return build_draft(target, c, default_aux_layer_ids(target.num_layers), draft_vocab_size, seed=seed)
-    p = Path(spec)
-    if (p / CONFIG_FILE).exists():
-        return load_draft(p)
-    if (p / "checkpoints").is_dir():
-        from specdraft.train import load_latest_draft
-
-        return load_latest_draft(p)
-    raise FileNotFoundError(f"draft {spec!r} is neither `{UNTRAINED}`, a saved draft dir (with {CONFIG_FILE}) "
-                            "nor a `specdraft train` output dir (with checkpoints/)")  # fmt: skip
+    try:
+        return load_trained(spec)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}; or pass `{UNTRAINED}` for a fresh draft") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -499,9 +495,9 @@ def _evaluate_with_vllm(
     dtype: str, out: str, seed: int,
 ) -> int:  # fmt: skip
     """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
+    from specdraft.eval.vllm import evaluate_vllm
+    from specdraft.eval.vllm import summary_lines as vllm_summary
     from specdraft.export import export
-    from specdraft.vllm_eval import evaluate_vllm
-    from specdraft.vllm_eval import summary_lines as vllm_summary
 
     exports, refs = [], []
     for i, spec in enumerate(draft):

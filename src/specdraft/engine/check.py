@@ -2,10 +2,10 @@
 
 The installed engine is imported and each declared call is bound with
 ``inspect.signature(...).bind``; another version (``--against``) is read from its source by
-:class:`specdraft.static_sig.SourceTree`. Besides plain calls it checks the implicit contracts no
+:class:`specdraft.engine.static_sig.SourceTree`. Besides plain calls it checks the implicit contracts no
 type checker sees: the ``worker_extension_cls`` path and its ``collective_rpc`` methods, the worker
 methods and attributes the extension uses, the attributes the hooks need on vLLM's model class for
-the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.doctor`
+the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.engine.doctor`
 for the report around it.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.engines import Contract, Entry, ModelContract
-from specdraft.static_sig import (
+from specdraft.engine.contract import Contract, Entry, ModelContract
+from specdraft.engine.static_sig import (
     KW_ONLY,
     POS_KW,
     POS_ONLY,
@@ -256,7 +256,7 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
                 severity=sev if missing else "warning",
                 symbol=e.symbol,
                 passed=_passed(e),
-                fix="update the call and its entry in specdraft/engines.py" if missing else "",
+                fix="update the call and its entry in specdraft/engine/contract.py" if missing else "",
             )
         )
         return problems
@@ -287,7 +287,9 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
                     installed=f"{sig.text}  [{sig.origin}]",
                     location=sig.location,
                     passed=_passed(e),
-                    fix="adapt the call in " + (e.used_by or "the backend") + " and its entry in engines.py",
+                    fix="adapt the call in "
+                    + (e.used_by or "the backend")
+                    + " and its entry in specdraft/engine/contract.py",
                 )
             )
     if e.attributes or (e.on_cpu and device == "cpu"):

@@ -28,11 +28,7 @@ index i is target id `i + d2t[i]`, and `t2d[j]` says whether target id j is in t
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -540,60 +536,6 @@ def build_draft(
 # ---------------------------------------------------------------------------------------------------------
 # files
 # ---------------------------------------------------------------------------------------------------------
-
-
-def save_draft(draft: Eagle3Draft, path: str | Path, extra: dict | None = None) -> Path:
-    """Write `config.json` + `model.safetensors` (fp32 state incl. d2t, t2d, embed_tokens) atomically to `path`."""
-    from safetensors.torch import save_file
-
-    from specdraft import __version__
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
-    meta = {"format": FORMAT, "specdraft_version": __version__, "config": asdict(draft.cfg), **(extra or {})}
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
-    for f in (WEIGHTS_FILE, CONFIG_FILE):
-        with open(tmp / f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if path.exists():  # replace an older save: move it aside first so a crash never leaves neither
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    return path
-
-
-def load_draft_config(path: str | Path) -> DraftConfig:
-    """The DraftConfig of a saved draft directory."""
-    p = Path(path) / CONFIG_FILE
-    if not p.exists():
-        raise FileNotFoundError(f"{p.parent} is not a saved draft (no {CONFIG_FILE}): point at a `final/` or "
-                                "`checkpoints/step_*/` directory written by `specdraft train`")  # fmt: skip
-    meta = json.loads(p.read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{p} has format {meta.get('format')!r}, not {FORMAT!r}: is this an exported checkpoint? "
-                         "load the training output instead")  # fmt: skip
-    return DraftConfig(**meta["config"])
-
-
-def load_draft(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> Eagle3Draft:
-    """Load a draft written by `save_draft` (strict: every tensor must match)."""
-    from safetensors.torch import load_file
-
-    cfg = load_draft_config(path)
-    draft = Eagle3Draft(cfg)
-    draft.load_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)), strict=True)
-    draft.embed_tokens.weight.requires_grad_(False)
-    return draft.to(device=device, dtype=dtype)
 
 
 def param_count(draft: Eagle3Draft, trainable_only: bool = True) -> int:
