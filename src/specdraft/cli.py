@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import inspect
+import os
 import re
 import sys
 import types
@@ -18,6 +20,7 @@ from importlib import import_module
 
 # name -> "module:function"; imported lazily so `specdraft --help` and `doctor` start fast
 COMMANDS = {
+    "regenerate": "specdraft.data.regenerate:regenerate",
     "prepare": "specdraft.data.prepare:prepare",
     "extract": "specdraft.capture.extract:extract",
     "verify": "specdraft.data.store:verify_dirs",
@@ -141,10 +144,24 @@ def main(argv: list[str] | None = None) -> int:
     kwargs.update(ns)
     try:
         result = fn(**kwargs)
+    except KeyboardInterrupt:
+        print(f"specdraft {cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
-        print(f"specdraft {cmd}: error: {e}", file=sys.stderr)
+        if os.environ.get("SPECDRAFT_DEBUG"):
+            raise
+        print(f"specdraft {cmd}: error: {_user_message(e)}", file=sys.stderr)
         return 2
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _user_message(e: BaseException) -> str:
+    """One line for an error the user can act on (set SPECDRAFT_DEBUG=1 for the traceback)."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f" writing {e.filename}" if e.filename else ""
+        return (f"no space left on the device{where}: free space or point the output at a larger disk, "
+                "then rerun the same command to resume")  # fmt: skip
+    return str(e) or type(e).__name__
 
 
 if __name__ == "__main__":

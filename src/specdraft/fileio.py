@@ -49,3 +49,58 @@ def sha256_file(path: Path) -> str:
 def file_hash(path: Path) -> str:
     """A short content hash of a file, for manifests."""
     return sha256_file(path)[:16]
+
+
+LOCK_FILE = ".specdraft.lock"
+
+
+class DirectoryInUse(RuntimeError):
+    """Another live process holds the output directory's lock."""
+
+
+class DirLock:
+    """An exclusive lock on an output directory, held for the life of one writer process.
+
+    ``fcntl.flock`` on ``DIR/.specdraft.lock``: the kernel drops the lock when its process dies, however
+    it dies, so a lock left by a killed run is stale by construction and the next run takes it over. The
+    file records the holder (pid, command) for the message a second process gets. On taking the lock,
+    temporaries that killed writers left in the directory (``.*.tmp``, files or directories) are removed:
+    no live writer can own them while we hold the lock.
+    """
+
+    def __init__(self, directory: str | Path, what: str):
+        self.dir = Path(directory)
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> DirLock:
+        import fcntl
+        import shutil
+        import sys
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise DirectoryInUse(
+                f"{self.dir} is in use by another specdraft process ({holder}); wait for it to finish, "
+                f"or give this {self.what} another output directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv[:3])} {self.what}".encode(), 0)
+        self._fd = fd
+        for leftover in self.dir.glob(".*.tmp"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None

@@ -1,0 +1,75 @@
+"""fileio: atomic writes with private temporaries, and the one-writer lock on an output directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from specdraft import cli, fileio
+from specdraft.fileio import LOCK_FILE, DirectoryInUse, DirLock, atomic_write_text
+
+_HOLD = """
+import sys, time
+from specdraft.fileio import DirLock
+with DirLock(sys.argv[1], "test"):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def _holder(directory) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def test_temporaries_are_private_to_the_writer(tmp_path):
+    target = tmp_path / "manifest.json"
+    assert fileio.tmp_path(target).name == f".manifest.json.{os.getpid()}.tmp"
+    atomic_write_text(target, "x")
+    assert target.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_second_process_is_refused_at_once_and_a_killed_holder_leaves_no_stale_lock(tmp_path):
+    out = tmp_path / "out"
+    p = _holder(out)
+    try:
+        with pytest.raises(DirectoryInUse, match=rf"in use by another specdraft process \(pid {p.pid}"):
+            with DirLock(out, "extraction"):
+                pass
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert (out / LOCK_FILE).exists()  # the file stays behind, the lock died with its process
+    with DirLock(out, "extraction"):
+        pass
+
+
+def test_taking_the_lock_cleans_leftovers_of_killed_writers(tmp_path):
+    (tmp_path / ".shard-00000-00001.safetensors.4242.tmp").write_bytes(b"partial")
+    (tmp_path / ".step_00000020.4242.tmp").mkdir()
+    (tmp_path / "shard-00000-00000.safetensors").write_bytes(b"whole")
+    with DirLock(tmp_path, "extraction"):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE, "shard-00000-00000.safetensors"]
+
+
+def test_cli_reports_ctrl_c_and_a_full_disk_in_one_line(monkeypatch, capsys):
+    def interrupted(paths: list[str], quick: bool = False) -> int:
+        raise KeyboardInterrupt
+
+    def full(paths: list[str], quick: bool = False) -> int:
+        raise OSError(28, "No space left on device", "/runs/hs/shard-00000-00003.safetensors")
+
+    for fn, rc, msg in (
+        (interrupted, 130, "specdraft verify: interrupted; rerun the same command to resume"),
+        (full, 2, "no space left on the device writing /runs/hs/shard-00000-00003.safetensors"),
+    ):
+        monkeypatch.setitem(cli.COMMANDS, "verify", "tests_fake:fn")
+        monkeypatch.setattr(cli, "import_module", lambda mod, fn=fn: type("M", (), {"fn": staticmethod(fn)}))
+        assert cli.main(["verify", "x"]) == rc
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err
