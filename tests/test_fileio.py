@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdraft import cli, fileio
 from specdraft.fileio import LOCK_FILE, DirectoryInUse, DirLock, atomic_write_text
@@ -73,3 +74,22 @@ def test_cli_reports_ctrl_c_and_a_full_disk_in_one_line(monkeypatch, capsys):
         assert cli.main(["verify", "x"]) == rc
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err
+
+
+def test_weights_fingerprint_sees_other_weights_not_other_names(tmp_path):
+    from safetensors.torch import save_file
+
+    from specdraft.fileio import weights_fingerprint
+
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    torch.manual_seed(0)
+    w = {"layers.0.weight": torch.randn(512, 512), "lm_head.weight": torch.randn(1000, 64)}
+    save_file(w, str(a / "model.safetensors"))
+    save_file(w, str(b / "model.safetensors"))
+    (b / "config.json").write_text("{}")  # not a weight file
+    save_file({**w, "lm_head.weight": torch.randn(1000, 64)}, str(c / "model.safetensors"))
+    assert weights_fingerprint(a) == weights_fingerprint(b) != weights_fingerprint(c)
+    with pytest.raises(FileNotFoundError, match="no weight files"):
+        weights_fingerprint(tmp_path)
