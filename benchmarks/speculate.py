@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
 from specdraft.decode.speculate import SpecConfig, Speculator
-from specdraft.eval.reference import UNTRAINED, load_eval_draft, load_prompts, render_prompt, stop_ids_of
+from specdraft.eval.prompts import load_prompts, render_prompt, stop_ids
+from specdraft.eval.reference import UNTRAINED, load_eval_draft
+from specdraft.eval.stats import tau_of
 from specdraft.targets import load_target
 
 TREES = [(4, 4, 12), (8, 5, 24), (10, 6, 48)]  # (topk, depth, budget)
@@ -44,7 +45,7 @@ def main() -> None:
     tgt = load_target(args.target)
     draft = load_eval_draft(args.draft, tgt, draft_vocab_size=args.draft_vocab_size)
     sp = Speculator(tgt, draft)
-    stops = stop_ids_of(tgt)
+    stops = stop_ids(tgt.tokenizer, getattr(tgt.model, "generation_config", None))
     prompts = [render_prompt(tgt.tokenizer, [p.turns[0]], []) for p in load_prompts("mtbench", args.prompts)]
     settings = {f"chain k={k}": SpecConfig(k=k, max_new_tokens=args.max_new_tokens, stop_ids=stops)
                 for k in range(1, args.max_k + 1)}  # fmt: skip
@@ -79,7 +80,7 @@ def main() -> None:
     print(f"{'setting':36s} {'tau':>6s} {'tok/s':>8s} {'vs target':>9s} {'lossless':>8s}")
     for name, s in stats.items():
         tps = s["tok"] / s["sec"]
-        tau = float(np.mean(s["acc"]) + 1) if s["acc"] else 1.0
+        tau = tau_of(s["acc"])
         print(f"{name:36s} {tau:6.3f} {tps:8.2f} {tps / base_tps:8.3f}x {'yes' if s['ok'] else 'NO':>8s}")
     print(f"total {time.time() - t0:.0f}s")
 

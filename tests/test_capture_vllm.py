@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import needs_vllm
 
-from specdraft.capture.vllm import split_to_prompts
+from specdraft.capture.vllm import decoder_layers, split_to_prompts
 
 L = 4
 LAYER_IDS = [0, 1, 2, L]  # id L = last layer output before the final norm
@@ -131,3 +131,25 @@ def test_extract_mode_is_gated_to_gpus():
 
     with pytest.raises(RuntimeError, match="CUDA build"):
         VLLMCapture("unused", [0], mode="extract_hidden_states")
+
+
+def test_decoder_layers_of_vllm_shaped_models():
+    """vLLM keeps transformers' layout, so the layer search is `targets.find_layout`: a causal LM's
+    `model.layers`, a multimodal wrapper's `language_model.model.layers`; nothing found is a RuntimeError
+    that points at doctor."""
+    from torch import nn
+
+    def backbone(n):
+        b = nn.Module()
+        b.layers, b.norm = nn.ModuleList(nn.Linear(2, 2) for _ in range(n)), nn.LayerNorm(2)
+        return b
+
+    causal = nn.Module()
+    causal.model = backbone(3)
+    assert decoder_layers(causal) is causal.model.layers
+    wrapper, lm = nn.Module(), nn.Module()
+    lm.model = backbone(2)
+    wrapper.language_model, wrapper.vision_tower = lm, nn.Linear(2, 2)
+    assert decoder_layers(wrapper) is lm.model.layers
+    with pytest.raises(RuntimeError, match="cannot find the decoder stack.*specdraft doctor"):
+        decoder_layers(nn.Linear(2, 2))

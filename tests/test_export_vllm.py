@@ -26,18 +26,16 @@ from conftest import needs_vllm
 
 from specdraft.capture.extract import extract
 from specdraft.data.prepare import prepare
-from specdraft.eval.vllm import (
-    VLLMEngine,
-    _render,
-    collect_prompts,
-    drafter_parity,
-    evaluate_vllm,
-    summary_lines,
-)
+from specdraft.eval.parity import drafter_parity
+from specdraft.eval.prompts import collect_prompts, render_turn
+from specdraft.eval.report import summary_lines
+from specdraft.eval.serving import evaluate_vllm
+from specdraft.eval.vllm_engine import VLLMEngine
 from specdraft.export import FORMATS, export
 from specdraft.model.checkpoint import load_draft
 from specdraft.targets import load_tokenizer, resolve_target_dir
-from specdraft.train.loop import TrainConfig, train
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
@@ -146,7 +144,7 @@ def _mutated(src: Path, dst: Path, mutation: str) -> Path:
 )
 def test_our_draft_logits_equal_the_draft_vllm_loaded(trained, fmt, mutation, tmp_path, record_property):
     target_dir = str(resolve_target_dir("smollm2-135m"))
-    prompt = _render(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
+    prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
     export_dir = (
         trained.exports[fmt]
         if mutation == "none"

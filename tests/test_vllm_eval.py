@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
-from specdraft.eval.reference import Prompt, acceptance_stats, render_prompt
-from specdraft.eval.vllm import (
-    _diff_counters,
-    _render,
+from specdraft.engine.vllm_rpc import load_blob, rank_zero_reply
+from specdraft.eval.parity import compare_with_reference, drafter_parity
+from specdraft.eval.prompts import (
+    Prompt,
     collect_prompts,
-    compare_with_reference,
-    counter_stats,
-    drafter_parity,
-    evaluate_vllm,
-    export_format,
-    stop_ids_for,
+    read_generation_config,
+    render_prompt,
+    render_turn,
+    stop_ids,
 )
+from specdraft.eval.report import summary_lines
+from specdraft.eval.serving import evaluate_vllm, export_format
+from specdraft.eval.stats import acceptance_stats, counter_stats
+from specdraft.eval.vllm_engine import _diff_counters
+from specdraft.eval.vllm_worker import DrafterWorkerExtension
 from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft
 
 
@@ -35,6 +40,11 @@ def test_counter_stats_use_the_reference_definitions():
         "vllm:spec_decode_num_accepted_tokens_per_pos": [4, 3, 2],
     }
     s = counter_stats(counters, 3)
+    # by hand: tau = 1 + 9/5; P(i | <i) = 4/5, 3/4, 2/3; reached = 4/5, 3/5, 2/5
+    assert s["tau"] == pytest.approx(1 + 9 / 5)
+    assert s["acceptance_rate_per_position"] == pytest.approx([4 / 5, 3 / 4, 2 / 3])
+    assert s["reached_per_position"] == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+    assert s["rounds"] == 5 and s["accepted_per_position"] == [4, 3, 2]
     ref = acceptance_stats([0, 1, 3, 3, 2], 3)
     assert s["tau"] == pytest.approx(ref["tau"])
     assert s["acceptance_rate_per_position"] == pytest.approx(ref["acceptance_rate_per_position"])
@@ -42,6 +52,12 @@ def test_counter_stats_use_the_reference_definitions():
     assert s["acceptance_rate"] == pytest.approx(9 / 15)
     empty = counter_stats({}, 2)
     assert empty["tau"] == 1.0 and empty["acceptance_rate_per_position"] == [None, None]
+    # a vector shorter than k is padded; one reaching no position gives None beyond it
+    short = counter_stats(
+        {"vllm:spec_decode_num_drafts": 2, "vllm:spec_decode_num_accepted_tokens_per_pos": [1]}, 3
+    )
+    assert short["accepted_per_position"] == [1, 0, 0]
+    assert short["acceptance_rate_per_position"] == [0.5, 0.0, None]
 
 
 def test_counter_snapshots_are_differenced():
@@ -51,15 +67,31 @@ def test_counter_snapshots_are_differenced():
     assert d == {"vllm:spec_decode_num_drafts": 7, "vllm:spec_decode_num_accepted_tokens_per_pos": [3, 0, 1]}
 
 
+def _chatml_ids(tok, text: str) -> list[int]:
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
 def test_prompts_render_exactly_like_the_reference(chatml_tokenizer):
     tok = chatml_tokenizer
     ps = collect_prompts(["Hello there", [5, 6, 7], [{"role": "user", "content": "Hi"}]])
     assert [p.id for p in ps] == ["0", "1", "2"]
-    assert _render(tok, ps[0], 0, []) == render_prompt(tok, ["Hello there"], [])
-    assert _render(tok, ps[1], 0, []) == [5, 6, 7]
-    assert _render(tok, ps[2], 0, []) == render_prompt(tok, ["Hi"], [])
+    # the oracle: the ChatML text written out by hand
+    assert render_turn(tok, ps[0], 0, []) == _chatml_ids(
+        tok, "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert render_turn(tok, ps[0], 0, []) == render_prompt(tok, ["Hello there"], [])
+    assert render_turn(tok, ps[1], 0, []) == [5, 6, 7]
+    assert render_turn(tok, ps[2], 0, []) == _chatml_ids(
+        tok, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert render_turn(tok, ps[2], 0, []) == render_prompt(tok, ["Hi"], [])
     two = collect_prompts([Prompt("q", "math", ["a b", "c d"])])[0]
-    assert _render(tok, two, 1, ["answer"]) == render_prompt(tok, ["a b", "c d"], ["answer"])
+    assert render_turn(tok, two, 1, ["answer"]) == _chatml_ids(
+        tok,
+        "<|im_start|>user\na b<|im_end|>\n<|im_start|>assistant\nanswer<|im_end|>\n"
+        "<|im_start|>user\nc d<|im_end|>\n<|im_start|>assistant\n",
+    )
+    assert render_turn(tok, two, 1, ["answer"]) == render_prompt(tok, ["a b", "c d"], ["answer"])
     mt = collect_prompts("mtbench", max_prompts=3)
     assert [p.id for p in mt] == ["81", "91", "101"] and len(mt[0].turns) == 2
     with pytest.raises(ValueError, match="token-id list"):
@@ -71,7 +103,12 @@ def test_prompts_render_exactly_like_the_reference(chatml_tokenizer):
 def test_stop_ids_like_the_reference(tmp_path, chatml_tokenizer):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
     eos = chatml_tokenizer.eos_token_id
-    assert stop_ids_for(str(tmp_path), chatml_tokenizer) == tuple(sorted({eos, 7, 9}))
+    # vLLM's run reads the file; the reference decoder the loaded model's generation_config: one rule
+    assert stop_ids(chatml_tokenizer, read_generation_config(tmp_path)) == tuple(sorted({eos, 7, 9}))
+    assert stop_ids(chatml_tokenizer, SimpleNamespace(eos_token_id=[7, 9])) == tuple(sorted({eos, 7, 9}))
+    assert stop_ids(chatml_tokenizer, SimpleNamespace(eos_token_id=7)) == tuple(sorted({eos, 7}))
+    assert stop_ids(chatml_tokenizer, read_generation_config(tmp_path / "none")) == (eos,)
+    assert stop_ids(SimpleNamespace(eos_token_id=None), None) == ()
 
 
 def test_argument_errors_are_collected_before_any_engine(tmp_path):
@@ -115,6 +152,110 @@ def test_compare_with_reference_aligns_prompts_and_rounds():
     assert c["first_round_differences"][0]["id"] == "1" and c["first_round_differences"][0]["round"] == 1
     assert c["tau_diff"] == pytest.approx(0.1)
     assert c["acceptance_rate_per_position_diff"] == pytest.approx([0.1, -0.05])
+
+
+def test_summary_lines_of_a_vllm_report():
+    report = {
+        "engine": "vllm",
+        "vllm_version": "0.32.0",
+        "baseline": {"new_tokens": 10, "tokens_per_s": 5.0},
+        "drafts": {
+            "x": {
+                "format": "speculators",
+                "tau": 1.5,
+                "acceptance_rate_per_position": [0.5, None],
+                "tokens_per_s": 4.0,
+                "speedup": 0.8,
+                "lossless": {"divergences": [{"position": 3}]},
+                "reference": {
+                    "tau": 1.25,
+                    "acceptance_rate_per_position": [0.25, None],
+                    "prompts_with_identical_rounds": 1,
+                    "prompts_compared": 2,
+                },
+            }
+        },
+    }
+    assert summary_lines(report) == [
+        "vLLM 0.32.0, target alone: 10 tokens, 5.0 tok/s",
+        "x (speculators): tau 1.500, acceptance per position [0.500, -], 4.0 tok/s (x0.80), lossless NO (1 divergences)",
+        "  reference decoder: tau 1.250, acceptance per position [0.250, -]; identical rounds in 1/2 prompts",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the worker extension that records vLLM's draft, on a stand-in with the attributes and call shapes it hooks
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _FakeLogitsProcessor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Linear(4, 3, bias=False)
+
+    def forward(self, lm_head, hidden):
+        return self.w(hidden)
+
+
+class _FakeEagle3(nn.Module):
+    """What the recorder reads on vLLM's Eagle3LlamaForCausalLM: model.fc, logits_processor, d2t, the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.fc = nn.Linear(12, 4, bias=False)
+        self.logits_processor = _FakeLogitsProcessor()
+        self.draft_id_to_target_id = torch.tensor([0, 2, 4])
+
+    def forward(self, input_ids, positions, hidden_states):
+        return hidden_states * 2, hidden_states + 1  # (normed, pre-norm)
+
+
+@torch.no_grad()
+def test_drafter_extension_records_on_rank_zero_only_and_never_twice():
+    draft = _FakeEagle3()
+
+    class Worker(DrafterWorkerExtension):  # what vLLM builds: its worker with our extension mixed in
+        model_runner = SimpleNamespace(drafter=SimpleNamespace(model=draft))
+
+        def __init__(self, rank):
+            self.rank = rank
+
+    def one_step():
+        fused = draft.model.fc(torch.randn(2, 12))
+        normed, _ = draft(input_ids=torch.tensor([5, 6]), positions=torch.tensor([0, 1]), hidden_states=fused)
+        draft.logits_processor(None, normed[-1:])
+
+    w0, w1 = Worker(0), Worker(1)
+    assert w1.specdraft_drafter_setup(8) == {"rank": 1} and w1.specdraft_drafter_pop() is None
+    assert w0.specdraft_drafter_setup(8) == {"rank": 0, "class": "_FakeEagle3"}
+    w0.specdraft_drafter_setup(8)  # set up twice: the first hooks must be gone
+    one_step()
+    rec = rank_zero_reply([w0.specdraft_drafter_pop(), w1.specdraft_drafter_pop()], "drafter captures")
+    assert [e["kind"] for e in rec["events"]] == ["fc", "model", "logits"]  # each once: one set of hooks
+    model = rec["events"][1]
+    assert torch.equal(model["prenorm"], model["hidden"] + 1) and torch.equal(
+        model["normed"], model["hidden"] * 2
+    )
+    assert torch.equal(rec["events"][2]["hidden"], model["normed"][-1:])
+    assert torch.equal(rec["d2t"], torch.tensor([0, 2, 4]))
+    assert load_blob(w0.specdraft_drafter_pop())["events"] == []  # popped: nothing left
+    w0.specdraft_drafter_setup(2)
+    one_step()
+    assert [e["kind"] for e in load_blob(w0.specdraft_drafter_pop())["events"]] == [
+        "fc",
+        "model",
+    ]  # max_events
+    w0.specdraft_drafter_remove()
+    one_step()
+    assert w0.specdraft_drafter_pop() is None
+    assert (
+        not draft._forward_hooks
+        and not draft.model.fc._forward_hooks
+        and not draft.logits_processor._forward_hooks
+    )
+    with pytest.raises(RuntimeError, match="exactly one rank"):
+        rank_zero_reply([None, None], "drafter captures")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -170,12 +311,84 @@ def _vllm_like_events(draft: Eagle3Draft, k: int = 3) -> dict:
     return {"events": events, "d2t": draft.d2t.clone()}
 
 
-def test_parity_replay_reproduces_the_draft_and_catches_a_flipped_norm():
+def _parity(draft: Eagle3Draft, capture: dict) -> dict:
+    return drafter_parity(copy.deepcopy(draft), capture)
+
+
+def test_parity_counts_the_scripted_calls_and_finds_nothing_in_an_exact_capture():
+    """The baseline of the mutations below: the script's calls are counted as written (2 rounds of 1 first
+    pass + k-1 = 2 chain steps, one logits row after each call) and an exact capture differs by fp32 noise."""
     draft = _tiny_draft()
     capture = _vllm_like_events(draft)
-    same = drafter_parity(copy.deepcopy(draft), capture)
+    same = _parity(draft, capture)
     assert same["first_passes"] == 2 and same["chain_steps"] == 4 and same["logit_rows"] == 6
     assert max(same["max_abs_diff"].values()) < 1e-5 and same["top1_agreement"] == 1.0 and same["d2t_equal"]
+    assert same["row_match_error"] == 0.0
+
+
+# the script's events: round 1 = [0 fc, 1 model (first pass, 7 rows), 2 logits, 3 model (chain), 4 logits,
+# 5 model (chain), 6 logits], round 2 = the same from index 7
+@pytest.mark.parametrize(
+    "event, key, at, delta, reported",
+    [
+        (0, "out", (1, 3), 0.5, "fc"),  # vLLM's fused input off by 0.5 in one element
+        (1, "prenorm", (0, 2), 0.25, "hidden"),  # a first pass's output, a row that is not fed back
+        (12, "prenorm", (0, 5), 0.375, "hidden"),  # the last chain step's output (not fed back)
+        (9, "logits", (0, 7), 0.75, "logits"),  # one logit
+        (3, "hidden", (0, 5), 0.125, "row_match_error"),  # the row vLLM fed back to a chain step
+    ],
+)
+def test_parity_reports_an_injected_error_where_and_as_large_as_it_was(event, key, at, delta, reported):
+    """Mutation with a known answer: one value of vLLM's capture moved by delta must come back as a difference
+    of exactly delta in that component, and nowhere else."""
+    draft = _tiny_draft()
+    capture = _vllm_like_events(draft)
+    ev = capture["events"][event]
+    assert ev["kind"] == {"out": "fc", "logits": "logits"}.get(key, "model")
+    ev[key] = ev[key].clone()
+    ev[key][at] += delta
+    res = _parity(draft, capture)
+    found = {**res["max_abs_diff"], "row_match_error": res["row_match_error"]}
+    assert found[reported] == pytest.approx(delta, abs=1e-5), found
+    assert all(v < 1e-5 for k, v in found.items() if k != reported), found
+    assert res["first_passes"] == 2 and res["chain_steps"] == 4 and res["logit_rows"] == 6
+
+
+def test_parity_sees_a_changed_d2t():
+    draft = _tiny_draft()
+    capture = _vllm_like_events(draft)
+    capture["d2t"] = capture["d2t"].clone()
+    capture["d2t"][5] += 1
+    assert _parity(draft, capture)["d2t_equal"] is False
+
+
+@pytest.mark.parametrize(
+    "param, at, moves, still",
+    [
+        ("fc.weight", (0, 0), "fc", ()),
+        ("midlayer.mlp.down_proj.weight", (0, 0), "hidden", ("fc",)),
+        ("norm.weight", (0,), "logits", ("fc", "hidden")),
+        ("lm_head.weight", (3, 0), "logits", ("fc", "hidden")),
+    ],
+)
+@torch.no_grad()
+def test_parity_catches_one_changed_weight_of_our_draft(param, at, moves, still):
+    """Mutation: one weight of our draft moved by 0.5 must show in the component it feeds, not in earlier ones."""
+    draft = _tiny_draft()
+    capture = _vllm_like_events(draft)
+    ours = copy.deepcopy(draft)
+    ours.get_parameter(param)[at] += 0.5
+    diff = drafter_parity(ours, capture)["max_abs_diff"]
+    assert diff[moves] > 1e-3, diff
+    assert all(diff[c] < 1e-5 for c in still), diff
+    if param == "lm_head.weight":  # by hand: logit 3 of each row moves by 0.5 x that row's normed feature 0
+        rows = torch.cat([e["hidden"] for e in capture["events"] if e["kind"] == "logits"])
+        assert diff["logits"] == pytest.approx(float((0.5 * rows[:, 0]).abs().max()), rel=1e-4)
+
+
+def test_parity_catches_a_flipped_norm_and_swapped_aux_blocks():
+    draft = _tiny_draft()
+    capture = _vllm_like_events(draft)
     flipped = _tiny_draft(norm_before_residual=True)  # same weights, the other residual variant
     diff = drafter_parity(flipped, capture)
     assert diff["max_abs_diff"]["fc"] < 1e-5 and diff["max_abs_diff"]["logits"] > 1e-2

@@ -25,7 +25,7 @@ COMMANDS = {
     "extract": "specdraft.capture.extract:extract",
     "verify": "specdraft.data.store:verify_dirs",
     "train": "specdraft.train.loop:train",
-    "eval": "specdraft.eval.reference:evaluate",
+    "eval": "specdraft.eval.command:evaluate",
     "export": "specdraft.export:export",
     "doctor": "specdraft.engine.doctor:doctor",
     "quickstart": "specdraft.quickstart:quickstart",

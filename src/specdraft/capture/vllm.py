@@ -5,7 +5,11 @@ that extension are called through ``LLM.collective_rpc`` to install plain torch 
 decoder layers of the model inside the worker, run one prefill per prompt with
 ``SamplingParams(max_tokens=1)``, and ship what the hooks saw back as ``torch.save`` bytes (vLLM's
 IPC would otherwise turn tensors into lists). Scheduler, request and KV-cache internals are never
-touched. Every vLLM symbol is used through :mod:`specdraft.engine.contract`, the engine contract.
+touched. Every vLLM symbol is used through :mod:`specdraft.engine.contract`, the engine contract;
+the driver/worker plumbing shared with eval (``collective_rpc``, shipping bytes back) is
+:mod:`specdraft.engine.vllm_rpc`. The decoder layers are found as in a transformers target
+(:func:`specdraft.targets.find_layout`). Recording the EAGLE-3 draft vLLM serves (eval's parity check) is
+not capture: see :mod:`specdraft.eval.vllm_worker`.
 
 Layer ids (the project's convention, the same as the transformers backend): id ``k`` in
 ``[0, L-1]`` is the hidden state ENTERING decoder layer ``k`` (id 0 is the embedding output); id
@@ -27,7 +31,6 @@ hidden states between layers are replicated across ranks, so rank 0 captures alo
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
@@ -39,37 +42,32 @@ import torch
 from torch import nn
 
 from specdraft.engine import contract as engines
+from specdraft.engine import vllm_rpc
+from specdraft.targets import find_layout
 
 EXTENSION_PATH = "specdraft.capture.vllm.SpecdraftWorkerExtension"
 _STATE = "_specdraft_capture_state"
-_DRAFTER_STATE = "_specdraft_drafter_state"
 
 
 # ---------------------------------------------------------------------------------------------
 # worker side
 # ---------------------------------------------------------------------------------------------
-def find_backbone(model: nn.Module) -> nn.Module:
-    """The module holding ``layers`` (a ModuleList of decoder layers) and ``norm`` in a vLLM model.
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a vLLM model, found as for a transformers one (:func:`specdraft.targets.find_layout`).
 
-    Tries ``model.model``, ``model.language_model`` and ``model.language_model.model`` (multimodal
-    wrappers), then ``model`` itself.
+    vLLM's model classes keep transformers' layout (``model.layers`` and ``model.norm``; multimodal
+    wrappers under ``language_model.model``), so the one search serves both engines.
 
     Raises:
-        RuntimeError: no decoder-layer list is found.
+        RuntimeError: no decoder-layer list with a final norm is found.
     """
-    candidates = [getattr(model, "model", None), getattr(model, "language_model", None)]
-    lm = getattr(model, "language_model", None)
-    if lm is not None:
-        candidates.append(getattr(lm, "model", None))
-    candidates.append(model)
-    for c in candidates:
-        if c is not None and isinstance(getattr(c, "layers", None), nn.ModuleList):
-            return c
-    raise RuntimeError(
-        f"cannot find the decoder layers in vLLM model {type(model).__name__}: looked for "
-        "`model.layers`, `language_model.layers`, `language_model.model.layers`, `layers`; "
-        "run `specdraft doctor --target ...` to see which attributes the model class has"
-    )
+    try:
+        return find_layout(model)[1]
+    except ValueError as exc:
+        raise RuntimeError(
+            f"{exc} (a vLLM model); run `specdraft doctor --target ...` to see which attributes the model "
+            "class has"
+        ) from None
 
 
 def _residual_stream(out: Any) -> torch.Tensor:
@@ -94,8 +92,8 @@ class _Recorder:
     """Forward hooks on one model; records ids, positions and the chosen layers per forward call."""
 
     def __init__(self, model: nn.Module, layer_ids: list[int]):
-        backbone = find_backbone(model)
-        self.num_layers = len(backbone.layers)
+        layers = decoder_layers(model)
+        self.num_layers = len(layers)
         bad = [i for i in layer_ids if not 0 <= i <= self.num_layers]
         if bad:
             raise ValueError(f"layer ids {bad} out of range [0, {self.num_layers}]")
@@ -103,7 +101,6 @@ class _Recorder:
         self.calls: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None
         self.handles = [model.register_forward_pre_hook(self._on_model, with_kwargs=True)]
-        layers = backbone.layers
         for i in sorted(set(layer_ids)):
             if i == 0:
                 self.handles.append(layers[0].register_forward_pre_hook(self._on_input0, with_kwargs=True))
@@ -154,93 +151,6 @@ class _Recorder:
         self.handles = []
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
-    """The tensor of a module output that may come as ``(tensor, bias)``."""
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True)
-
-
-class _DrafterRecorder:
-    """Forward hooks on vLLM's loaded EAGLE-3 draft: every ``fc``, model and logits call, in call order.
-
-    Events (dicts, ``kind`` first):
-      ``fc``     -- ``aux`` (N, 3H) the concatenated target aux states, ``out`` (N, H) the fused input;
-      ``model``  -- ``input_ids`` (N,), ``positions`` (N,), ``hidden`` (N, H) the hidden input,
-                    ``normed`` (N, H) and ``prenorm`` (N, H) the outputs;
-      ``logits`` -- ``hidden`` (S, H) the normed rows logits were computed for, ``logits`` (S, Vd).
-    The proposer's ``combine_hidden_states`` calls ``fc`` right before the first pass of a step, so a
-    ``model`` event preceded by an ``fc`` event is a first pass (target features), one that is not is a
-    chain step (the draft's own previous output). Recording stops after ``max_events``.
-    """
-
-    def __init__(self, model: nn.Module, max_events: int):
-        inner = engines.read(model, "vllm.Eagle3LlamaForCausalLM", "model")
-        fc = engines.read(inner, "vllm.Eagle3LlamaModel", "fc")
-        lp = engines.read(model, "vllm.Eagle3LlamaForCausalLM", "logits_processor")
-        self.max_events = max_events
-        self.events: list[dict[str, Any]] = []
-        d2t = engines.read(model, "vllm.Eagle3LlamaForCausalLM", "draft_id_to_target_id")
-        self.d2t = None if d2t is None else _cpu(d2t)
-        self.handles = [
-            fc.register_forward_hook(self._on_fc),
-            model.register_forward_hook(self._on_model, with_kwargs=True),
-            lp.register_forward_hook(self._on_logits),
-        ]
-
-    def _add(self, event: dict[str, Any]) -> None:
-        if len(self.events) < self.max_events:
-            self.events.append(event)
-
-    def _on_fc(self, module: nn.Module, args: tuple, out: Any) -> None:
-        self._add({"kind": "fc", "aux": _cpu(args[0]), "out": _cpu(_first_tensor(out))})
-
-    def _on_model(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        names = ("input_ids", "positions", "hidden_states")
-        vals = [kwargs.get(n, args[i] if len(args) > i else None) for i, n in enumerate(names)]
-        if any(v is None for v in vals) or not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise RuntimeError(
-                "vLLM's EAGLE-3 draft was called without input_ids/positions/hidden_states or returned "
-                "no (normed, pre-norm) pair; the installed vLLM changed the drafter call (see docs/serving.md)"
-            )
-        ids, pos, hidden = vals
-        n = ids.shape[0]
-        self._add({"kind": "model", "input_ids": _cpu(ids), "positions": _cpu(pos), "hidden": _cpu(hidden[:n]),
-                   "normed": _cpu(out[0][:n]), "prenorm": _cpu(out[1][:n])})  # fmt: skip
-
-    def _on_logits(self, module: nn.Module, args: tuple, out: Any) -> None:
-        self._add({"kind": "logits", "hidden": _cpu(args[1]), "logits": _cpu(out)})
-
-    def pop(self) -> dict[str, Any]:
-        events, self.events = self.events, []
-        return {"events": events, "d2t": self.d2t}
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
-
-def _drafter_model(worker: Any) -> nn.Module:
-    """vLLM's loaded EAGLE-3 draft inside a worker: ``worker.model_runner.drafter.model``.
-
-    Raises:
-        RuntimeError: the engine serves no EAGLE-3 draft, or the installed vLLM moved it.
-    """
-    runner = engines.worker_attribute(worker, "model_runner")
-    try:
-        drafter = engines.read(runner, "vllm.GPUModelRunner", "drafter")
-        return engines.read(drafter, "vllm.EagleProposer", "model")
-    except AttributeError:
-        raise RuntimeError(
-            f"no EAGLE-3 drafter at worker.model_runner.drafter.model ({type(runner).__name__}): build the "
-            "engine with speculative_config method 'eagle3', and run `specdraft doctor` to check the "
-            "drafter path against the installed vLLM"
-        ) from None
-
-
 class SpecdraftWorkerExtension:
     """vLLM ``worker_extension_cls``: mixed into each worker; methods are called via ``collective_rpc``.
 
@@ -250,13 +160,10 @@ class SpecdraftWorkerExtension:
 
     def specdraft_setup(self, layer_ids: list[int]) -> dict[str, int]:
         """Install the hooks on rank 0 (other ranks hold the same replicated hidden states)."""
-        rank = int(engines.worker_attribute(self, "rank", 0) or 0)
+        rank = vllm_rpc.worker_rank(self)
+        vllm_rpc.drop_recorder(self, _STATE)  # set up twice: never leave a second set of hooks behind
         if rank != 0:
-            setattr(self, _STATE, None)
             return {"rank": rank, "num_layers": -1}
-        old = getattr(self, _STATE, None)
-        if old is not None:  # set up twice: never leave a second set of hooks behind
-            old.remove()
         model = engines.worker_method(self, "get_model")()
         recorder = _Recorder(model, list(layer_ids))
         setattr(self, _STATE, recorder)
@@ -264,48 +171,11 @@ class SpecdraftWorkerExtension:
 
     def specdraft_pop(self) -> bytes | None:
         """The calls recorded since the last pop, as ``torch.save`` bytes (None on ranks > 0)."""
-        recorder = getattr(self, _STATE, None)
-        if recorder is None:
-            return None
-        buf = io.BytesIO()
-        torch.save(recorder.pop(), buf)
-        return buf.getvalue()
+        return vllm_rpc.pop_recorder(self, _STATE)
 
     def specdraft_remove(self) -> None:
         """Remove the hooks."""
-        recorder = getattr(self, _STATE, None)
-        if recorder is not None:
-            recorder.remove()
-        setattr(self, _STATE, None)
-
-    def specdraft_drafter_setup(self, max_events: int) -> dict[str, Any]:
-        """Hook vLLM's EAGLE-3 draft on rank 0: record its fc, forward and logits calls (see _DrafterRecorder)."""
-        rank = int(engines.worker_attribute(self, "rank", 0) or 0)
-        if rank != 0:
-            setattr(self, _DRAFTER_STATE, None)
-            return {"rank": rank}
-        old = getattr(self, _DRAFTER_STATE, None)
-        if old is not None:
-            old.remove()
-        model = _drafter_model(self)
-        setattr(self, _DRAFTER_STATE, _DrafterRecorder(model, int(max_events)))
-        return {"rank": rank, "class": type(model).__name__}
-
-    def specdraft_drafter_pop(self) -> bytes | None:
-        """The drafter events recorded since the last pop and vLLM's d2t, as ``torch.save`` bytes."""
-        recorder = getattr(self, _DRAFTER_STATE, None)
-        if recorder is None:
-            return None
-        buf = io.BytesIO()
-        torch.save(recorder.pop(), buf)
-        return buf.getvalue()
-
-    def specdraft_drafter_remove(self) -> None:
-        """Remove the drafter hooks."""
-        recorder = getattr(self, _DRAFTER_STATE, None)
-        if recorder is not None:
-            recorder.remove()
-        setattr(self, _DRAFTER_STATE, None)
+        vllm_rpc.drop_recorder(self, _STATE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,29 +249,6 @@ def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence
     return out
 
 
-def _load_blob(blob: Any) -> Any:
-    return torch.load(io.BytesIO(blob), weights_only=True) if isinstance(blob, (bytes, bytearray)) else blob
-
-
-def _ensure_importable_in_workers() -> None:
-    """Make spawned vLLM workers find specdraft (for runs from a source tree without install)."""
-    root = str(Path(__file__).resolve().parents[2])
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
-
-
-def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:
-    """``LLM.collective_rpc`` with its return shape checked (one reply per worker, rank order)."""
-    replies = engines.call_method(llm, "vllm.LLM.collective_rpc", method, args=tuple(args))
-    if not isinstance(replies, list) or not replies:
-        raise engines.ContractError(
-            f"LLM.collective_rpc({method!r}) returned {type(replies).__name__}, expected a list with one "
-            "reply per worker; the installed vLLM changed this return shape (see docs/doctor.md)"
-        )
-    return replies
-
-
 class VLLMCapture:
     """Capture hidden states at ``layer_ids`` of a target served by vLLM, one prefill per prompt.
 
@@ -471,7 +318,7 @@ class VLLMCapture:
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if mode == "hooks":
-            _ensure_importable_in_workers()
+            vllm_rpc.ensure_importable_in_workers()
             kw["worker_extension_cls"] = EXTENSION_PATH
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="specdraft_vllm_hs_")
@@ -495,7 +342,7 @@ class VLLMCapture:
             self._capturing = True
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        return collective_rpc(self.llm, method, *args)
+        return vllm_rpc.collective_rpc(self.llm, method, *args)
 
     def _prompts(self, batch: list[list[int]]) -> list[Any]:
         for i, p in enumerate(batch):
@@ -557,10 +404,8 @@ class VLLMCapture:
         if not self._capturing:
             raise RuntimeError("capture is off (set_capture(False)); call set_capture(True) first")
         self._generate(batch, prompts)
-        blobs = [b for b in self._rpc("specdraft_pop") if b is not None]
-        if len(blobs) != 1:
-            raise RuntimeError(f"expected captures from exactly one rank, got {len(blobs)}")
-        return split_to_prompts(_load_blob(blobs[0]), batch)
+        calls = vllm_rpc.rank_zero_reply(self._rpc("specdraft_pop"), "captures")
+        return split_to_prompts(calls, batch)
 
     def _run_extract(self, batch: list[list[int]], prompts: list[Any]) -> list[torch.Tensor]:
         """The ``extract_hidden_states`` path: vLLM writes one safetensors file per request."""

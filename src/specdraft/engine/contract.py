@@ -18,11 +18,14 @@ Besides plain calls there are implicit contracts no type checker sees:
 
 * :class:`WorkerExtension` -- the dotted path given to ``LLM(worker_extension_cls=...)`` must
   import inside the worker, the method names sent through ``collective_rpc`` must exist on it, and
-  they must not clash with attributes of vLLM's worker classes (vLLM refuses such a clash).
+  they must not clash with attributes of vLLM's worker classes (vLLM refuses such a clash). There are
+  two (``Contract.extensions``): hidden-state capture's (:mod:`specdraft.capture.vllm`) and the serving
+  evaluation's, which hooks the loaded draft (:mod:`specdraft.eval.vllm_worker`); the driver/worker
+  plumbing both use is :mod:`specdraft.engine.vllm_rpc`.
 * :class:`ModelContract` -- the attributes our hooks need on vLLM's model class for the target's
   architecture (``model``, ``model.layers``, ``model.norm``), and whether that class implements
   ``SupportsEagle3`` (vLLM serves an EAGLE-3 draft only for such a class; doctor warns otherwise).
-* The drafter path (:mod:`specdraft.eval.vllm` parity checks): the worker extension reaches vLLM's
+* The drafter path (:mod:`specdraft.eval.parity` checks): eval's worker extension reaches vLLM's
   loaded EAGLE-3 draft through private attributes, ``worker.model_runner.drafter.model`` and, on
   that model, ``model.fc`` and ``logits_processor``. Each hop is declared below as an attribute
   entry (``vllm.GPUModelRunner`` -> ``drafter``, ``vllm.EagleProposer`` -> ``model``, ...), so
@@ -78,7 +81,7 @@ class Entry:
         on_cpu: the call runs on CPU machines too; an unguarded CUDA-only call in its body is a break
             there.
         mode: which backend mode uses the entry ("hooks" is the default capture mode).
-        used_by: the module that calls it.
+        used_by: the module that calls it (several: comma-separated).
         optional: a missing symbol is a warning, not a break (feature detection).
     """
 
@@ -152,8 +155,16 @@ class Contract:
 
     engine: str
     entries: tuple[Entry, ...]
-    extension: WorkerExtension | None = None
+    extensions: tuple[WorkerExtension, ...] = ()  # every worker_extension_cls a backend passes
     model: ModelContract | None = None
+
+    @property
+    def extension(self) -> WorkerExtension | None:
+        """The first of :attr:`extensions` (None without one), for a checker that reads a single one.
+
+        Every declared extension must be checked: a checker should loop over :attr:`extensions`.
+        """
+        return self.extensions[0] if self.extensions else None
 
     def by_name(self) -> dict[str, Entry]:
         """Entries keyed by :attr:`Entry.name`."""
@@ -161,7 +172,10 @@ class Contract:
 
 
 _CAPTURE = "specdraft.capture.vllm"
-_EVAL = "specdraft.eval.vllm"
+_EVAL_ENGINE = "specdraft.eval.vllm_engine"
+_EVAL_WORKER = "specdraft.eval.vllm_worker"
+_BOTH = f"{_CAPTURE}, {_EVAL_ENGINE}"
+_RPC = "specdraft.engine.vllm_rpc"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -185,7 +199,7 @@ _LLM_KEYWORDS = (
     "kv_transfer_config",
 )
 
-#: Keywords :mod:`specdraft.eval.vllm` passes to ``LLM(...)`` to serve a target with (or without) an
+#: Keywords :mod:`specdraft.eval.vllm_engine` passes to ``LLM(...)`` to serve a target with (or without) an
 #: EAGLE-3 draft; those not named in ``LLM.__init__`` travel through ``**kwargs`` into ``EngineArgs``.
 _SERVE_KEYWORDS = (
     "model",
@@ -200,6 +214,12 @@ _SERVE_KEYWORDS = (
     "speculative_config",
     "disable_log_stats",
     "worker_extension_cls",
+)
+
+#: vLLM's worker classes the extensions are mixed into (their names must not clash with ours)
+_WORKER_CLASSES = (
+    "vllm.v1.worker.cpu_worker:CPUWorker",
+    "vllm.v1.worker.gpu_worker:Worker",
 )
 
 VLLM_CONTRACT = Contract(
@@ -218,7 +238,7 @@ VLLM_CONTRACT = Contract(
             positional=2,
             keywords=("use_tqdm",),
             returns="list[RequestOutput], one per prompt, in prompt order",
-            used_by=_CAPTURE,
+            used_by=_BOTH,
         ),
         Entry(
             "vllm.LLM.collective_rpc",
@@ -226,14 +246,14 @@ VLLM_CONTRACT = Contract(
             positional=1,
             keywords=("args",),
             returns="list, one reply per worker in rank order (not a single reply)",
-            used_by=_CAPTURE,
+            used_by=_RPC,
         ),
         Entry(
             "vllm.LLM.serve",
             "vllm:LLM",
             keywords=_SERVE_KEYWORDS,
             forwards_kwargs_to="vllm:EngineArgs",
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
         ),
         Entry(
             # the same engine with vLLM's per-request acceptance record (vLLM >= 0.20 or so); without
@@ -242,7 +262,7 @@ VLLM_CONTRACT = Contract(
             "vllm:LLM",
             keywords=(*_SERVE_KEYWORDS, "per_request_spec_decode_metrics"),
             forwards_kwargs_to="vllm:EngineArgs",
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
             optional=True,
         ),
         Entry(
@@ -250,72 +270,74 @@ VLLM_CONTRACT = Contract(
             "vllm:LLM.get_metrics",
             returns="list[Metric] (Counter .value, Vector .values), summed over label sets by the caller; "
             "spec-decode counters appear only with disable_log_stats=False",
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
         ),
-        Entry("vllm.metrics.Metric", "vllm.v1.metrics.reader:Metric", attributes=("name",), used_by=_EVAL),
+        Entry(
+            "vllm.metrics.Metric", "vllm.v1.metrics.reader:Metric", attributes=("name",), used_by=_EVAL_ENGINE
+        ),
         Entry(
             "vllm.metrics.Counter",
             "vllm.v1.metrics.reader:Counter",
             attributes=("name", "value"),
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
         ),
         Entry(
             "vllm.metrics.Vector",
             "vllm.v1.metrics.reader:Vector",
             attributes=("name", "values"),
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
         ),
         Entry(
             "vllm.SamplingParams",
             "vllm:SamplingParams",
             keywords=("max_tokens", "temperature", "detokenize", "ignore_eos", "stop_token_ids"),
-            used_by=_CAPTURE,
+            used_by=_BOTH,
         ),
         Entry(
             "vllm.TokensPrompt",
             "vllm:TokensPrompt",
             keywords=("prompt_token_ids",),
-            used_by=_CAPTURE,
+            used_by=_BOTH,
         ),
         Entry(
             "vllm.RequestOutput",
             "vllm:RequestOutput",
             attributes=("prompt_token_ids", "kv_transfer_params", "outputs"),
-            used_by=_CAPTURE,
+            used_by=_BOTH,
         ),
         Entry(
             "vllm.CompletionOutput",
             "vllm:CompletionOutput",
             attributes=("token_ids", "finish_reason"),
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
         ),
         Entry(
             "vllm.CompletionOutput.spec_decode_metrics",
             "vllm:CompletionOutput",
             attributes=("spec_decode_metrics",),
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
             optional=True,
         ),
         Entry(
             "vllm.RequestSpecDecodeMetrics",
             "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
             attributes=("per_step_accepted", "per_step_drafted"),
-            used_by=_EVAL,
+            used_by=_EVAL_ENGINE,
             optional=True,
         ),
-        # the drafter path, read inside the worker by the extension (private attributes: see module doc)
+        # the drafter path, read inside the worker by eval's extension (private attributes: see module doc)
         Entry(
             "vllm.GPUModelRunner",
             "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
             attributes=("drafter",),
             on_cpu=False,  # CPUModelRunner subclasses it; its own __init__ holds the CUDA-only set-up
-            used_by=_CAPTURE,
+            used_by=_EVAL_WORKER,
         ),
         Entry(
             "vllm.EagleProposer",
             "vllm.v1.spec_decode.eagle:EagleProposer",
             attributes=("model",),
-            used_by=_CAPTURE,
+            used_by=_EVAL_WORKER,
         ),
         Entry(
             "vllm.Eagle3LlamaForCausalLM",
@@ -323,13 +345,13 @@ VLLM_CONTRACT = Contract(
             attributes=("model", "logits_processor", "draft_id_to_target_id"),
             returns="called by the proposer as model(input_ids=, positions=, hidden_states=, ...) -> "
             "(normed hidden, pre-norm hidden); logits_processor(lm_head, hidden) -> (N, draft vocab) logits",
-            used_by=_CAPTURE,
+            used_by=_EVAL_WORKER,
         ),
         Entry(
             "vllm.Eagle3LlamaModel",
             "vllm.model_executor.models.llama_eagle3:LlamaModel",
             attributes=("fc",),
-            used_by=_CAPTURE,
+            used_by=_EVAL_WORKER,
         ),
         Entry(
             "vllm.load_hidden_states",
@@ -342,22 +364,22 @@ VLLM_CONTRACT = Contract(
             optional=True,
         ),
     ),
-    extension=WorkerExtension(
-        path=f"{_CAPTURE}.SpecdraftWorkerExtension",
-        rpc_methods=(
-            "specdraft_setup",
-            "specdraft_pop",
-            "specdraft_remove",
-            "specdraft_drafter_setup",
-            "specdraft_drafter_pop",
-            "specdraft_drafter_remove",
+    extensions=(
+        # hidden-state capture: hooks on the target's decoder layers
+        WorkerExtension(
+            path=f"{_CAPTURE}.SpecdraftWorkerExtension",
+            rpc_methods=("specdraft_setup", "specdraft_pop", "specdraft_remove"),
+            worker_classes=_WORKER_CLASSES,
+            worker_methods=("get_model",),
+            worker_attributes=("rank",),
         ),
-        worker_classes=(
-            "vllm.v1.worker.cpu_worker:CPUWorker",
-            "vllm.v1.worker.gpu_worker:Worker",
+        # the serving evaluation: hooks on the EAGLE-3 draft vLLM loaded (parity checks)
+        WorkerExtension(
+            path=f"{_EVAL_WORKER}.DrafterWorkerExtension",
+            rpc_methods=("specdraft_drafter_setup", "specdraft_drafter_pop", "specdraft_drafter_remove"),
+            worker_classes=_WORKER_CLASSES,
+            worker_attributes=("rank", "model_runner"),
         ),
-        worker_methods=("get_model",),
-        worker_attributes=("rank", "model_runner"),
     ),
     model=ModelContract(),
 )
@@ -471,18 +493,14 @@ def read(obj: Any, name: str, attribute: str) -> Any:
 
 
 def worker_method(worker: Any, method: str) -> Any:
-    """A vLLM worker method the extension calls on ``self``, checked against the contract."""
-    ext = VLLM_CONTRACT.extension
-    assert ext is not None
-    if method not in ext.worker_methods:
+    """A vLLM worker method an extension calls on ``self``, checked against the contract."""
+    if not any(method in ext.worker_methods for ext in VLLM_CONTRACT.extensions):
         raise ContractError(f"worker method {method!r} is not declared in WorkerExtension.worker_methods")
     return getattr(worker, method)
 
 
 def worker_attribute(worker: Any, attribute: str, default: Any = None) -> Any:
-    """A vLLM worker attribute the extension reads on ``self``, checked against the contract."""
-    ext = VLLM_CONTRACT.extension
-    assert ext is not None
-    if attribute not in ext.worker_attributes:
+    """A vLLM worker attribute an extension reads on ``self``, checked against the contract."""
+    if not any(attribute in ext.worker_attributes for ext in VLLM_CONTRACT.extensions):
         raise ContractError(f"worker attribute {attribute!r} is not declared in WorkerExtension")
     return getattr(worker, attribute, default)

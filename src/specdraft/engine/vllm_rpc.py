@@ -1,0 +1,104 @@
+"""Talking to specdraft code inside vLLM's workers: the halves shared by hidden-state capture and eval.
+
+A backend builds its engine with ``LLM(..., worker_extension_cls=<a specdraft class>)``; vLLM mixes that
+class into each worker, and the driver calls its methods through ``LLM.collective_rpc``. The worker
+extensions are :class:`specdraft.capture.vllm.SpecdraftWorkerExtension` (hooks on the target's decoder
+layers) and :class:`specdraft.eval.vllm_worker.DrafterWorkerExtension` (hooks on the loaded EAGLE-3 draft);
+both are declared in :mod:`specdraft.engine.contract` (``Contract.extensions``).
+
+Driver side: :func:`ensure_importable_in_workers`, :func:`collective_rpc` (the reply shape checked) and
+:func:`rank_zero_reply` (the one rank that recorded, its bytes loaded). Worker side: :func:`worker_rank`
+and a recorder kept in one worker attribute (:func:`drop_recorder`, :func:`pop_recorder`), shipped back as
+``torch.save`` bytes (vLLM's IPC would otherwise turn tensors into lists). Every vLLM symbol goes through
+the engine contract; this module imports only torch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.engine import contract as engines
+
+__all__ = [
+    "collective_rpc",
+    "drop_recorder",
+    "dump_blob",
+    "ensure_importable_in_workers",
+    "load_blob",
+    "pop_recorder",
+    "rank_zero_reply",
+    "worker_rank",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# driver side
+# ---------------------------------------------------------------------------------------------
+def ensure_importable_in_workers() -> None:
+    """Make spawned vLLM workers find specdraft (for runs from a source tree without install)."""
+    root = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:
+    """``LLM.collective_rpc`` with its return shape checked (one reply per worker, rank order)."""
+    replies = engines.call_method(llm, "vllm.LLM.collective_rpc", method, args=tuple(args))
+    if not isinstance(replies, list) or not replies:
+        raise engines.ContractError(
+            f"LLM.collective_rpc({method!r}) returned {type(replies).__name__}, expected a list with one "
+            "reply per worker; the installed vLLM changed this return shape (see docs/doctor.md)"
+        )
+    return replies
+
+
+def load_blob(blob: Any) -> Any:
+    """What a worker shipped with :func:`dump_blob` (anything that is not bytes is passed through)."""
+    return torch.load(io.BytesIO(blob), weights_only=True) if isinstance(blob, (bytes, bytearray)) else blob
+
+
+def rank_zero_reply(replies: list[Any], what: str) -> Any:
+    """The one reply that is not None (rank 0 records alone), loaded.
+
+    Raises:
+        RuntimeError: no rank or several ranks replied (``what`` names the recording in the message).
+    """
+    blobs = [b for b in replies if b is not None]
+    if len(blobs) != 1:
+        raise RuntimeError(f"expected {what} from exactly one rank, got {len(blobs)}")
+    return load_blob(blobs[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# worker side (called from the worker extensions; their own names must carry the `specdraft_` prefix)
+# ---------------------------------------------------------------------------------------------
+def dump_blob(obj: Any) -> bytes:
+    """``torch.save`` bytes of ``obj`` (tensors survive vLLM's IPC this way)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def worker_rank(worker: Any) -> int:
+    """The worker's rank (0 when the worker has none)."""
+    return int(engines.worker_attribute(worker, "rank", 0) or 0)
+
+
+def drop_recorder(worker: Any, state: str) -> None:
+    """Remove the hooks of the recorder kept in ``worker.<state>`` (if any) and forget it."""
+    recorder = getattr(worker, state, None)
+    if recorder is not None:
+        recorder.remove()
+    setattr(worker, state, None)
+
+
+def pop_recorder(worker: Any, state: str) -> bytes | None:
+    """What the recorder in ``worker.<state>`` saw since its last pop, as bytes (None without a recorder)."""
+    recorder = getattr(worker, state, None)
+    return None if recorder is None else dump_blob(recorder.pop())

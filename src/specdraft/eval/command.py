@@ -1,0 +1,121 @@
+"""`specdraft eval`: the command, with the reference decoder (`--engine hf`) or vLLM (`--engine vllm`).
+
+`--engine hf` is :func:`specdraft.eval.reference.evaluate_report`; `--engine vllm` exports training outputs
+first and runs :func:`specdraft.eval.serving.evaluate_vllm`, the reference decoder alongside. The summary
+lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whether a greedy run was lossless.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
+from specdraft.eval.report import summary_lines
+from specdraft.targets import EMBEDDED_DEFAULT
+
+
+def evaluate(
+    draft: list[str],
+    target: str = EMBEDDED_DEFAULT,
+    prompts: str = "mtbench",
+    turns: int = 1,
+    max_prompts: int = 0,
+    max_new_tokens: int = 128,
+    k: int = 5,
+    tree: bool = False,
+    topk: int = 8,
+    depth: int = 6,
+    budget: int = 32,
+    temperature: float = 0.0,
+    counts: str = "",
+    draft_vocab_size: int = 32000,
+    device: str = "cpu",
+    dtype: str = "",
+    out: str = "runs/eval",
+    seed: int = 0,
+    progress: bool = True,
+    threads: int = 0,
+    engine: str = "hf",
+) -> int:
+    """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
+
+    Exit status 1 when a greedy (T=0) run's output differs from target-only decoding, else 0.
+
+    Args:
+        draft: one or more drafts: a `specdraft train` output dir (newest checkpoint), a saved draft dir, or
+            `untrained` (a fresh draft: the baseline for a trained one; tau ~1).
+        target: the target model (HF dir or id, or the embedded default smollm2-135m).
+        prompts: `mtbench` (80 MT-bench questions) or a jsonl of questions (`turns`) or chats (`messages`).
+        turns: 1 = first turns only; 2 = both turns (the 2nd turn follows the target's own first answer).
+        max_prompts: evaluate N prompts, round-robin over categories (0 = all).
+        max_new_tokens: tokens generated per turn.
+        k: chain drafting: draft tokens per round.
+        tree: draft a dynamic tree (EAGLE-2/3) instead of a chain.
+        topk: tree: children per node and nodes kept per depth.
+        depth: tree: maximum draft tokens along one path.
+        budget: tree: draft tokens verified per round.
+        temperature: 0 = greedy (checked lossless); > 0 = sampling with the exact rejection rule.
+        counts: for `untrained`: a prepared dataset or extraction dir whose token counts pick the draft
+            vocabulary (empty = uniform counts: the lowest token ids).
+        draft_vocab_size: for `untrained`: draft vocabulary size.
+        device: cpu, cuda, cuda:1, ...
+        dtype: float32 or bfloat16 (empty = float32 on CPU, bfloat16 on GPU).
+        out: output directory (report.json, acceptance_per_position.png, tau_per_category.png).
+        seed: seed of prompt-level random streams (sampling, untrained draft init).
+        progress: show a progress bar.
+        threads: torch CPU threads (0 = torch's default; 1 is steadier on a busy machine).
+        engine: `hf` (the reference decoder here) or `vllm` (vLLM speculative decoding of the exported draft,
+            its spec-decode counters next to the reference decoder's figures; chain drafting, T=0).
+    """
+    if engine == "vllm":
+        return _evaluate_with_vllm(
+            draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed
+        )
+    if engine != "hf":
+        raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
+    report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
+                             budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads)  # fmt: skip
+    for line in summary_lines(report):
+        print(line)
+    print(f"report: {Path(out) / REPORT_FILE}; plots: {', '.join(report['plots'])}")
+    bad = [n for n, d in report["drafts"].items() if d["lossless"]["checked"] and not d["lossless"]["ok"]]
+    for n in bad:
+        for dv in report["drafts"][n]["lossless"]["divergences"][:10]:
+            print(f"DIVERGENCE {n}: prompt {dv['id']} ({dv['category']}) turn {dv['turn']} at token {dv['position']}: "
+                  f"speculative {dv['speculative']} vs baseline {dv['baseline']}")  # fmt: skip
+    return 1 if bad else 0
+
+
+def _evaluate_with_vllm(
+    draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
+    dtype: str, out: str, seed: int,
+) -> int:  # fmt: skip
+    """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
+    from specdraft.eval.serving import evaluate_vllm
+    from specdraft.export import export
+
+    exports, refs = [], []
+    for i, spec in enumerate(draft):
+        cfg_file = Path(spec) / "config.json"
+        meta = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+        if "speculators_model_type" in meta or "LlamaForCausalLMEagle3" in meta.get("architectures", []):
+            exports.append(spec)  # already an export: vLLM only
+            continue
+        if spec == UNTRAINED:
+            raise ValueError(
+                "--engine vllm evaluates trained drafts (a train output or an export), not `untrained`"
+            )
+        exp = Path(out) / f"export-{i}"
+        export(spec, str(exp), format="speculators", target=target, k=k, check_vllm=False)
+        exports.append(str(exp))
+        refs.append(spec)
+    if refs and len(refs) != len(exports):
+        raise ValueError(
+            "--engine vllm: pass either training outputs (compared with the reference decoder) or exports"
+        )
+    report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
+                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out)  # fmt: skip
+    for line in summary_lines(report):
+        print(line)
+    return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0

@@ -1,0 +1,93 @@
+"""Reading a report: the human summary of either evaluation, and the reference evaluation's plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _rates(rates: list[float | None], digits: int) -> str:
+    return ", ".join("-" if r is None else f"{r:.{digits}f}" for r in rates)
+
+
+def summary_lines(report: dict) -> list[str]:
+    """A short human-readable summary of a report: the reference decoder's or vLLM's (``engine: vllm``)."""
+    if report.get("engine") == "vllm":
+        return _vllm_summary_lines(report)
+    b = report["baseline"]
+    lines = [f"baseline (target only): {b['new_tokens']} tokens, {b['tokens_per_s']:.1f} tok/s"]
+    for name, d in report["drafts"].items():
+        acc = _rates(d["acceptance_rate_per_position"], 2)
+        ll = d["lossless"]
+        lossless = (
+            ("yes" if ll["ok"] else f"NO ({len(ll['divergences'])} divergences)")
+            if ll["checked"]
+            else "n/a (T>0)"
+        )
+        lines.append(f"{name}: tau {d['tau']:.3f}, acceptance per position [{acc}], {d['tokens_per_s']:.1f} tok/s "
+                     f"(x{d['speedup']:.2f}), target forwards saved {100 * d['target_forwards_saved']:.1f}%, "
+                     f"lossless {lossless}")  # fmt: skip
+    return lines
+
+
+def _vllm_summary_lines(report: dict) -> list[str]:
+    """The summary of an :func:`specdraft.eval.serving.evaluate_vllm` report."""
+    b = report["baseline"]
+    lines = [
+        f"vLLM {report['vllm_version']}, target alone: {b['new_tokens']} tokens, {b['tokens_per_s']:.1f} tok/s"
+    ]
+    for name, d in report["drafts"].items():
+        acc = _rates(d["acceptance_rate_per_position"], 3)
+        n_div = len(d["lossless"]["divergences"])
+        lossless = "yes" if not n_div else f"NO ({n_div} divergences)"
+        lines.append(f"{name} ({d['format']}): tau {d['tau']:.3f}, acceptance per position [{acc}], "
+                     f"{d['tokens_per_s']:.1f} tok/s (x{d['speedup'] or 0:.2f}), lossless {lossless}")  # fmt: skip
+        ref = d.get("reference")
+        if ref:
+            racc = _rates(ref["acceptance_rate_per_position"], 3)
+            lines.append(f"  reference decoder: tau {ref['tau']:.3f}, acceptance per position [{racc}]; "
+                         f"identical rounds in {ref['prompts_with_identical_rounds']}/{ref['prompts_compared']} "
+                         "prompts")  # fmt: skip
+    return lines
+
+
+def write_plots(report: dict, out: str | Path) -> list[Path]:
+    """acceptance_per_position.png and tau_per_category.png for a reference report (one series per draft)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, d in report["drafts"].items():
+        rates = [r if r is not None else np.nan for r in d["acceptance_rate_per_position"]]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (tau {d['tau']:.2f})")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (given earlier positions accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"acceptance per position, T={report['settings']['temperature']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "acceptance_per_position.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    cats = sorted({c for d in report["drafts"].values() for c in d["tau_per_category"]})
+    names = list(report["drafts"])
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cats) + 2), 4))
+    width = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        vals = [report["drafts"][name]["tau_per_category"].get(c, np.nan) for c in cats]
+        ax.bar(np.arange(len(cats)) + j * width, vals, width, label=name)
+    ax.set_xticks(np.arange(len(cats)) + width * (len(names) - 1) / 2, cats, rotation=30, ha="right")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.set_title("tau per category")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "tau_per_category.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

