@@ -23,7 +23,8 @@ from pathlib import Path
 
 from specdraft.model.checkpoint import load_draft_config
 from specdraft.model.draft import flops_per_token as draft_flops
-from specdraft.train.loop import TrainConfig, train
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
 
 CONFIGS = {
     "default": {"draft_vocab_size": 32000, "ttt_steps": 7},

@@ -12,18 +12,13 @@ import torch.nn.functional as F
 from conftest import conversations, write_jsonl
 from torch import nn
 
-import specdraft.train.loop as T
-from specdraft.model.checkpoint import load_draft
+import specdraft.train.batches as batches
+import specdraft.train.loop as loop
+from specdraft.model.checkpoint import STATE_FILE, latest_checkpoint, load_draft
 from specdraft.model.draft import DraftKVCache, build_draft
-from specdraft.train.loop import (
-    NonFiniteError,
-    TeacherHead,
-    TrainConfig,
-    TTTModel,
-    train,
-    ttt_mask,
-    ttt_unroll,
-)
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import NonFiniteError, train
+from specdraft.train.ttt import TeacherHead, TTTModel, step_token_counts, ttt_mask, ttt_unroll
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +140,7 @@ def test_loss_is_zero_for_a_draft_that_copies_the_teacher():
     logp = F.log_softmax(logits, -1)
     mask = torch.ones(B, n)
     mask[0, 9:] = 0
-    counts = T.step_token_counts(mask, K)
+    counts = step_token_counts(mask, K)
     for ck in (False, True):
         m = TTTModel(CopyDraft(logits), K, 0.8, checkpoint_head=ck)
         loss, kl, agree = m(torch.zeros(B, n, dtype=torch.long), torch.zeros(B, n, 3), logp, mask, counts)
@@ -159,7 +154,7 @@ def test_loss_is_zero_for_a_draft_that_copies_the_teacher():
 def test_counts_and_masks_follow_the_predicted_token():
     mask = torch.tensor([[0, 0, 1, 1, 0, 1]], dtype=torch.float)
     # step i, slot t predicts token t+2+i: its loss mask is mask[t+2+i]
-    assert T.step_token_counts(mask, 4).tolist() == [3.0, 2.0, 1.0, 1.0]
+    assert step_token_counts(mask, 4).tolist() == [3.0, 2.0, 1.0, 1.0]
 
 
 def test_teacher_head_equals_target_logits_restricted(target):
@@ -205,11 +200,11 @@ def test_resume_is_exact(tmp_path, data, monkeypatch):
         if step == 5:  # after step 5, past the checkpoint of step 3: steps 4-5 are lost and redone
             raise Killed
 
-    monkeypatch.setattr(T, "_after_step", kill)
+    monkeypatch.setattr(loop, "_after_step", kill)
     with pytest.raises(Killed):
         train(str(shards), str(tmp_path / "b"), c)
-    monkeypatch.setattr(T, "_after_step", lambda step: None)
-    assert T.latest_checkpoint(tmp_path / "b").name == "step_00000003"
+    monkeypatch.setattr(loop, "_after_step", lambda step: None)
+    assert latest_checkpoint(tmp_path / "b").name == "step_00000003"
     resumed = train(str(shards), str(tmp_path / "b"), replace(c, resume=True))
     a, b = load_draft(full).state_dict(), load_draft(resumed).state_dict()
     for k in a:
@@ -225,7 +220,7 @@ def test_resume_is_exact(tmp_path, data, monkeypatch):
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, data, monkeypatch):
     _, shards = data
-    real_collate, calls = T.collate, []
+    real_collate, calls = batches.collate, []
 
     def poisoned(samples, max_length):
         b = real_collate(samples, max_length)
@@ -234,19 +229,19 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, data, monkeyp
             b.aux[0, 1, 0] = float("nan")
         return b
 
-    monkeypatch.setattr(T, "collate", poisoned)
+    monkeypatch.setattr(batches, "collate", poisoned)
     out = tmp_path / "run"
     with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3 .*samples \[.*step_00000002"):
         train(str(shards), str(out), cfg(val_fraction=0.0, checkpoint_every=1))
-    ck = T.latest_checkpoint(out)
+    ck = latest_checkpoint(out)
     assert ck.name == "step_00000002"
-    state = torch.load(ck / T.STATE_FILE, weights_only=False)
+    state = torch.load(ck / STATE_FILE, weights_only=False)
     assert state["step"] == 2
     assert all(torch.isfinite(v).all() for v in load_draft(ck).state_dict().values() if v.is_floating_point())
     # the run continues from there once the data is good
-    monkeypatch.setattr(T, "collate", real_collate)
+    monkeypatch.setattr(batches, "collate", real_collate)
     train(str(shards), str(out), cfg(val_fraction=0.0, checkpoint_every=1, max_steps=4, resume=True))
-    assert T.latest_checkpoint(out).name == "step_00000004"
+    assert latest_checkpoint(out).name == "step_00000004"
 
 
 def test_online_equals_offline(tmp_path, data, tiny_llama_dir):

@@ -17,7 +17,8 @@ from specdraft.model.checkpoint import load_draft
 SCRIPT = textwrap.dedent(
     """
     import sys
-    from specdraft.train.loop import TrainConfig, train
+    from specdraft.train.config import TrainConfig
+    from specdraft.train.loop import train
 
     shards, out, fsdp = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     cfg = TrainConfig(draft_vocab_size=128, ttt_steps=3, max_tokens=1024, max_length=128, epochs=1, max_steps=5,

@@ -60,10 +60,12 @@ def quickstart(
     """
     from specdraft.capture.extract import extract
     from specdraft.data.prepare import MANIFEST_FILE, prepare
-    from specdraft.eval.reference import UNTRAINED, evaluate_report, summary_lines
+    from specdraft.eval.reference import UNTRAINED, evaluate_report
+    from specdraft.eval.report import summary_lines
     from specdraft.export import export, serve_commands
     from specdraft.targets import resolve_target_dir
-    from specdraft.train.loop import TrainConfig, train
+    from specdraft.train.config import TrainConfig
+    from specdraft.train.loop import train
 
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")

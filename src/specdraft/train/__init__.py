@@ -1,5 +1,17 @@
 """train: the train stage, the EAGLE-3 draft trained with training-time test (TTT).
 
-Owns the training loop (`loop.py`: a visible function over named steps). May import: `fileio`,
-`targets`, `data`, `model`, `capture` (online mode pulls hidden states from a target in process).
+Read `loop.py` first: `train` is the loop, phase by phase (check, setup, resume, then per step data,
+forward, non-finite check, backward + step, log, validate, checkpoint), each phase a function there.
+The rest, in the order `train` uses it:
+
+- `config.py`: `TrainConfig`, the settings (each field's comment is its --help), and their checks.
+- `setup.py`: open the data (shards, or a dataset + the target online), build the draft and the teacher.
+- `batches.py`: sample sources, length-grouped batch plans, collation into a padded `Batch`.
+- `ttt.py`: the TTT unroll, its attention mask, the teacher head and the loss (`TTTModel`).
+- `distributed.py`: the torchrun process group, DDP / FSDP2 wrapping, all-reduces.
+- `checkpoint.py`: write, prune and restore resumable checkpoints (draft files via `model.checkpoint`).
+- `metrics.py`: OUT/metrics.jsonl (+ TensorBoard); `plot.py`: training.png from it.
+
+May import: `fileio`, `targets`, `data`, `model`, `capture` (online mode pulls hidden states from a
+target in process).
 """

@@ -1,0 +1,122 @@
+"""Training data: sample sources (shards or live capture), length-grouped batch plans, collation.
+
+A global batch is a list of sample ids within `--max-tokens` padded tokens; rank r loads rows
+`sids[r::world]` of it (`load_rows`) and pads them into a `Batch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.data.batching import token_batches
+
+
+class ShardSource:
+    """Samples from extracted shards (offline)."""
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def load(self, sids: list[int]) -> list[dict]:
+        return [self.shards.load(s) for s in sids]
+
+
+class OnlineSource:
+    """Samples captured from the target in process (online): same dicts as the shards give."""
+
+    def __init__(self, dataset, capture):
+        self.dataset = dataset
+        self.capture = capture
+
+    def load(self, sids: list[int]) -> list[dict]:
+        hs = self.capture.run([self.dataset.input_ids[s] for s in sids])
+        return [
+            {
+                "input_ids": torch.as_tensor(self.dataset.input_ids[s]),
+                "loss_mask": torch.as_tensor(self.dataset.loss_mask[s]),
+                "hidden": h.clone(),
+            }  # clone: capture runs in inference mode  # fmt: skip
+            for s, h in zip(sids, hs)
+        ]
+
+
+@dataclass
+class Batch:
+    """One rank's share of a global batch, padded to its longest sample."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    loss_mask: torch.Tensor  # (B, T) float
+    aux: torch.Tensor  # (B, T, 3H)
+    final: torch.Tensor  # (B, T, H)
+    tokens: int  # real (unpadded) tokens
+
+
+def collate(samples: list[dict], max_length: int) -> Batch:
+    """Right-pad samples (truncated to max_length) into one batch; aux slots in ascending id order."""
+    T = min(max(int(s["input_ids"].shape[0]) for s in samples), max_length)
+    n_slots, H = samples[0]["hidden"].shape[1:]
+    assert n_slots == 4, f"expected 4 captured layers (3 aux + final), got {n_slots}"
+    B = len(samples)
+    ids = torch.zeros(B, T, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(B, T, dtype=torch.float32)  # (B, T)
+    hid = torch.zeros(B, T, 4, H, dtype=samples[0]["hidden"].dtype)  # (B, T, 4, H)
+    tokens = 0
+    for b, s in enumerate(samples):
+        n = min(int(s["input_ids"].shape[0]), T)
+        ids[b, :n] = s["input_ids"][:n]
+        mask[b, :n] = s["loss_mask"][:n].float()
+        hid[b, :n] = s["hidden"][:n]
+        tokens += n
+    aux = hid[:, :, :3].reshape(B, T, 3 * H)  # (B, T, 3, H) -> (B, T, 3H)
+    return Batch(ids, mask, aux, hid[:, :, 3], tokens)  # final: (B, T, H)
+
+
+def load_rows(source, sids: list[int], rank: int, world: int, max_length: int) -> Batch:
+    """This rank's rows (`sids[rank::world]`) of a global batch, loaded and collated."""
+    return collate(source.load(sids[rank::world]), max_length)
+
+
+def _to_device(b: Batch, device: torch.device) -> Batch:
+    nb = device.type == "cuda"
+    return Batch(b.input_ids.to(device, non_blocking=nb), b.loss_mask.to(device, non_blocking=nb),
+                 b.aux.to(device, torch.float32, non_blocking=nb), b.final.to(device, non_blocking=nb), b.tokens)  # fmt: skip
+
+
+def plan_batches(
+    sids: list[int], lengths: dict[int, int], max_tokens: int, world: int, seed: int | None
+) -> list[list[int]]:
+    """Length-grouped global batches within `max_tokens` padded tokens; shuffled when `seed` is given.
+
+    Samples are shuffled, then stably sorted by length and cut greedily; the batch order is shuffled.
+    Batches with fewer samples than ranks are dropped (every rank needs at least one sample).
+    """
+    order = list(sids)
+    rng = random.Random(seed) if seed is not None else None
+    if rng:
+        rng.shuffle(order)
+    order.sort(key=lambda s: lengths[s])
+    batches = [b for b in token_batches(order, lengths, max_tokens) if len(b) >= world]
+    if rng:
+        rng.shuffle(batches)
+    return batches
+
+
+def _plan_hash(batches: list[list[int]]) -> str:
+    """A short hash of a batch plan (a resumed run must see the same data in the same order)."""
+    return hashlib.sha256(json.dumps(batches).encode()).hexdigest()[:16]
+
+
+def split_sids(sids: list[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, val) sample ids: a seeded random `val_fraction` share (at least one when > 0) is held out."""
+    if val_fraction <= 0 or len(sids) < 2:
+        return list(sids), []
+    perm = list(sids)
+    random.Random(seed + 7919).shuffle(perm)
+    n_val = max(1, round(len(sids) * val_fraction))
+    val = set(perm[:n_val])
+    return [s for s in sids if s not in val], sorted(val)

@@ -1,0 +1,116 @@
+"""Resumable training checkpoints: write OUT/checkpoints/step_N, prune old ones, load one back on --resume.
+
+A checkpoint is a saved draft (`specdraft.model.checkpoint.save_draft`: config.json + model.safetensors)
+plus `train_state.pt` (STATE_FILE: step, optimizer, scheduler, RNG states, the settings, the number of
+ranks, the batch plan's hash, the data provenance); `OUT/checkpoints/latest` (LATEST_FILE) names the
+newest complete one. Finding it is `specdraft.model.checkpoint.latest_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdraft.fileio import atomic_write_text
+from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, save_draft
+from specdraft.model.draft import WEIGHTS_FILE, Eagle3Draft
+from specdraft.train.config import _RESUME_FREE, TrainConfig
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _full_states(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[dict, dict]:
+    """Full (unsharded, CPU) model and optimizer state dicts; a collective under FSDP (all ranks call)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=fsdp)
+    return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def _draft_from_state(draft: Eagle3Draft, full_model_state: dict) -> Eagle3Draft:
+    """A CPU copy of the draft holding a full model state (keys `draft.*` of the TTT model)."""
+    cpu = Eagle3Draft(draft.cfg)
+    cpu.load_state_dict({k.removeprefix("draft."): v for k, v in full_model_state.items()}, strict=True)
+    return cpu
+
+
+def _save_checkpoint(
+    out: Path, step: int, draft_cpu: Eagle3Draft, opt_state: dict, sched, info: dict, keep: int
+) -> Path:
+    """Write OUT/checkpoints/step_N (draft files + train_state.pt) atomically, point `latest` at it, prune old ones."""
+    root = out / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:08d}"
+    tmp = root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_draft(draft_cpu, tmp)
+    state = {
+        "step": step,
+        "optimizer": opt_state,
+        "scheduler": sched.state_dict(),
+        "rng": _rng_state(),
+        **info,
+    }
+    torch.save(state, tmp / STATE_FILE)
+    final = root / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    atomic_write_text(root / LATEST_FILE, name)
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _load_train_state(ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str) -> dict:
+    """The checkpoint's train_state.pt; refused when the math settings, the ranks or the data differ."""
+    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    old = state["config"]
+    changed = [k for k, v in asdict(cfg).items() if k not in _RESUME_FREE and old.get(k) != v]
+    if state["world"] != world:
+        changed.append(f"{state['world']} ranks instead of {world}")
+    if changed or state["plan_hash"] != plan_hash:
+        raise ValueError(f"train --resume: {ckpt} was written with other settings ({', '.join(changed) or 'data'}): "
+                         "resume with the same settings and data, or start a new --out")  # fmt: skip
+    return state
+
+
+def _restore(ckpt: Path, state: dict, model: nn.Module, optimizer, scheduler) -> int:
+    """Load the checkpoint's weights, optimizer, schedule and RNG states into this run; returns its step."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True)
+    weights = {f"draft.{k}": v for k, v in load_file(str(ckpt / WEIGHTS_FILE)).items()}
+    set_model_state_dict(model, weights, options=opts)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    return state["step"]

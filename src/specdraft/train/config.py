@@ -1,0 +1,88 @@
+"""TrainConfig: the settings of `specdraft train`, their checks, and which of them may change on --resume.
+
+Each field's trailing `# comment` is its `--help` text: the CLI reads it from this source, so keep one
+field a line with its comment beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainConfig:
+    """Settings of `specdraft train`; the library defaults are EAGLE-3's."""
+
+    target: str = ""  # target model (dir, hub id, smollm2-135m); default: the shards' manifest's
+    online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
+    layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
+    draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
+    norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
+    init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
+    ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
+    decay: float = 0.8  # weight of TTT step i is decay**i
+    epochs: int = 1  # passes over the training split
+    max_steps: int = 0  # stop after this many optimizer steps (0 = run all epochs)
+    max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
+    max_length: int = 2048  # longer samples are truncated to this many tokens
+    max_samples: int = 0  # use only the first N samples (0 = all)
+    lr: float = 1e-4  # peak learning rate of AdamW
+    min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
+    schedule: str = "cosine"  # decay after warmup: cosine, linear or constant
+    warmup_ratio: float = 0.015  # warmup length as a fraction of all steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 0.5  # clip the global gradient norm to this (0 = off)
+    val_fraction: float = 0.02  # share of samples held out for validation (at least 1 when > 0)
+    val_every: int = 0  # validate every N steps (0 = only before and after training)
+    log_every: int = 1  # write a metrics record every N steps
+    checkpoint_every: int = 500  # write a resumable checkpoint every N steps (and always at the end)
+    keep_checkpoints: int = 2  # how many step checkpoints to keep (the newest)
+    resume: bool = False  # continue exactly from the newest checkpoint in OUT
+    seed: int = 0  # seed of the draft's init and of the data order
+    device: str = "cpu"  # cpu, cuda (under torchrun: cuda:LOCAL_RANK)
+    dtype: str = ""  # compute dtype: float32 or bfloat16 (autocast); default float32 on CPU, bfloat16 on CUDA
+    fsdp: bool = False  # shard the draft with FSDP2 fully_shard instead of DDP (distributed runs)
+    checkpoint_head: bool = True  # recompute lm_head + loss in backward (saves K x tokens x Vd activations)
+    prefetch: bool = True  # load the next batch from the shards in a background thread
+    tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
+    progress: bool = True  # show a progress bar
+
+    def problems(self) -> list[str]:
+        """Every user error in these settings (empty when all is well)."""
+        errs = []
+        for name in ("ttt_steps", "epochs", "max_tokens", "max_length", "draft_vocab_size", "log_every",
+                     "checkpoint_every", "keep_checkpoints"):  # fmt: skip
+            if getattr(self, name) < 1:
+                errs.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        for name in ("max_steps", "max_samples", "val_every", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                errs.append(f"--{name.replace('_', '-')} must not be negative, not {getattr(self, name)}")
+        if not 0 < self.decay <= 1:
+            errs.append(f"--decay must be in (0, 1], not {self.decay}")
+        if self.lr <= 0:
+            errs.append(f"--lr must be positive, not {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.warmup_ratio < 1:
+            errs.append("--min-lr-ratio must be in [0, 1] and --warmup-ratio in [0, 1)")
+        if not 0 <= self.val_fraction < 1:
+            errs.append(f"--val-fraction must be in [0, 1), not {self.val_fraction}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            errs.append(f"--schedule must be cosine, linear or constant, not {self.schedule!r}")
+        if self.dtype not in ("", "float32", "bfloat16"):
+            errs.append(f"--dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            errs.append(f"--device must be cpu or cuda[:N], not {self.device!r}")
+        elif self.device.startswith("cuda") and not torch.cuda.is_available():
+            errs.append(f"--device {self.device}: CUDA is not available here; use --device cpu")
+        if self.layers is not None and not self.online:
+            errs.append("--layers applies to --online only (offline, the shards' layer ids are used)")
+        if self.max_length < 3:
+            errs.append("--max-length must be at least 3 (a draft position needs tokens t, t+1, t+2)")
+        return errs
+
+
+_DEFAULTS = TrainConfig()
+# settings that may change on --resume without breaking exactness
+_RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
+                "val_every", "prefetch", "device", "max_steps", "target"}  # fmt: skip

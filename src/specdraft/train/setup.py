@@ -1,0 +1,129 @@
+"""What a run is built from: the data (shards, or a dataset + the target online), draft, teacher, schedule.
+
+Offline, the samples come from `specdraft extract` shards and the target is the one named in their
+manifest (checked by config hash); online, from a `specdraft prepare` dataset, captured from the target
+in this process. Either way the draft vocabulary comes from the data's token counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdraft.model.draft import Eagle3Draft, build_draft
+from specdraft.train.batches import OnlineSource, ShardSource, split_sids
+from specdraft.train.config import TrainConfig
+from specdraft.train.ttt import TeacherHead
+
+
+@dataclass
+class _Setup:
+    """Everything `train` needs that depends on the data and the target."""
+
+    source: object
+    lengths: dict[int, int]
+    train_sids: list[int]
+    val_sids: list[int]
+    draft: Eagle3Draft
+    teacher: TeacherHead
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Opened:
+    """The data opened and its target loaded, before the draft exists."""
+
+    source: object  # ShardSource or OnlineSource
+    lengths: dict[int, int]  # sample id -> tokens
+    counts: object  # token counts of the loss-masked tokens (picks the draft vocabulary)
+    target: object  # the loaded target
+    layer_ids: list[int]  # 3 aux layer ids + the final layer id
+    provenance: dict
+
+
+def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
+    """A prepared dataset and the target that captures its hidden states batch by batch."""
+    from specdraft.capture.hf import HFCapture
+    from specdraft.data.prepare import load_dataset
+    from specdraft.targets import capture_layer_ids, load_target
+
+    ds = load_dataset(data)
+    tgt = load_target(cfg.target or ds.manifest.get("target") or "smollm2-135m", device=str(device), dtype=target_dtype,
+                      with_tokenizer=False)  # fmt: skip
+    layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
+    n = min(len(ds), cfg.max_samples) if cfg.max_samples else len(ds)
+    sids = list(range(n))
+    lengths = {s: len(ds.input_ids[s]) for s in sids}
+    counts = ds.token_counts
+    pad = tgt.model.config.get_text_config().pad_token_id
+    source = OnlineSource(ds, HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0))
+    prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids}
+    return _Opened(source, lengths, counts, tgt, layer_ids, prov)
+
+
+def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
+    """Extracted shards (several: comma-separated) and the target they were extracted from."""
+    from specdraft.data.store import ShardSet
+    from specdraft.targets import load_target
+
+    ss = ShardSet.open([p for p in data.split(",") if p])
+    man = ss.manifest
+    layer_ids = list(man["layer_ids"])
+    tinfo = man["target"]
+    name = cfg.target or tinfo.get("path") or tinfo.get("name")
+    if not cfg.target and tinfo.get("path") and not Path(tinfo["path"]).exists():
+        name = tinfo.get("name")
+    tgt = load_target(name, device=str(device), dtype=target_dtype, with_tokenizer=False)
+    if tinfo.get("config_hash") and tgt.config_hash != tinfo["config_hash"]:
+        raise ValueError(f"the target {name} (config hash {tgt.config_hash}) is not the one the shards were "
+                         f"extracted from ({tinfo.get('name')}, hash {tinfo['config_hash']}): pass --target with "
+                         "the extraction's model")  # fmt: skip
+    sids = ss.sample_ids()
+    if not all(m.get("complete") for m in ss.manifests):
+        print(f"train: warning: the extraction in {data} is not complete; training on the {len(sids)} samples "
+              "of its finished shards (rerun `specdraft extract` to finish it)", flush=True)  # fmt: skip
+    if cfg.max_samples:
+        sids = sids[: cfg.max_samples]
+    lengths = {s: ss.length(s) for s in sids}
+    counts = ss.token_counts()
+    prov = {"mode": "offline", "shards": data, "layer_ids": layer_ids}
+    return _Opened(ShardSource(ss), lengths, counts, tgt, layer_ids, prov)
+
+
+def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
+    """Open the data (shards or, online, a dataset + the target), build the draft and the teacher head."""
+    target_dtype = (
+        "bfloat16"
+        if (cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")) == "bfloat16"
+        else "float32"
+    )
+    opened = (_open_online if cfg.online else _open_offline)(data, cfg, device, target_dtype)
+    tgt, layer_ids, prov = opened.target, opened.layer_ids, opened.provenance
+    if len(layer_ids) != 4:
+        raise ValueError(f"EAGLE-3 needs 3 aux layers + the final layer; the data has layer ids {layer_ids}")
+    lengths = {s: min(n, cfg.max_length) for s, n in opened.lengths.items() if n >= 3}
+    train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
+    draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
+                        cfg.init_lm_head, seed=cfg.seed)  # fmt: skip
+    teacher = TeacherHead(tgt, draft.t2d).to(device)
+    prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
+    return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov)
+
+
+def _lr_lambda(cfg: TrainConfig, total: int):
+    """The learning-rate factor of each step: linear warmup, then cosine, linear or constant decay."""
+    warm = int(round(cfg.warmup_ratio * total))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - warm) / max(1, total - warm))
+        shape = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return f
