@@ -18,7 +18,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specdraft.fileio import DirLock, atomic_write_text
 from specdraft.targets import EMBEDDED_DEFAULT
+
+SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
 
 
 @dataclass
@@ -58,22 +61,43 @@ def quickstart(
         device: cpu or cuda (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
     """
+    if budget not in BUDGETS:
+        raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
+    b = BUDGETS[budget]
+    root = Path(out).resolve()  # one spelling of the run's paths, whatever the user typed
+    if fresh:
+        shutil.rmtree(root, ignore_errors=True)
+    with DirLock(root, "quickstart"):
+        _check_settings(root, {"budget": budget, **asdict(b), "device": device})
+        return _run(root, budget, b, device)
+
+
+def _check_settings(root: Path, settings: dict) -> None:
+    """Refuse to resume a run made with other settings (its stages would be reused under a new label)."""
+    f = root / SETTINGS_FILE
+    if f.exists():
+        before = json.loads(f.read_text())
+        diff = [k for k in settings if before.get(k) != settings[k]]
+        if diff:
+            shown = ", ".join(f"{k} {before.get(k)!r} -> {settings[k]!r}" for k in diff)
+            raise ValueError(f"{root} holds a quickstart run with other settings ({shown}): rerun with "
+                             f"--budget {before.get('budget')} to resume it, add --fresh to start over, or "
+                             "choose another --out")  # fmt: skip
+    atomic_write_text(f, json.dumps(settings, indent=1))
+
+
+def _run(root: Path, budget: str, b: Budget, device: str) -> int:
+    """The stages, each skipping the work already complete."""
     from specdraft.capture.extract import extract
     from specdraft.data.prepare import MANIFEST_FILE, prepare
     from specdraft.eval.reference import UNTRAINED, evaluate_report
     from specdraft.eval.report import summary_lines
     from specdraft.export import export, serve_commands
+    from specdraft.model.checkpoint import latest_checkpoint
     from specdraft.targets import resolve_target_dir
     from specdraft.train.config import TrainConfig
     from specdraft.train.loop import train
 
-    if budget not in BUDGETS:
-        raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
-    b = BUDGETS[budget]
-    root = Path(out)
-    if fresh:
-        shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t_all = time.time()
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
@@ -103,7 +127,7 @@ def quickstart(
     if not (final / "config.json").exists():
         cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=1e-3,
                           max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=40, device=device,
-                          resume=(train_dir / "checkpoints").exists())  # fmt: skip
+                          resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
         train(str(hs_dir), str(train_dir), cfg)
     tmeta = json.loads((final / "config.json").read_text()).get("train", {})
     times["train"] = time.time() - t

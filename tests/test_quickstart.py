@@ -1,0 +1,49 @@
+"""quickstart: refuses to relabel an earlier run, one writer per directory, and (slow) the whole pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdraft import quickstart as Q
+from specdraft.fileio import DirectoryInUse, DirLock
+
+
+def test_a_rerun_with_another_budget_is_refused_naming_what_differs(tmp_path):
+    Q._check_settings(tmp_path, {"budget": "tiny", "samples": 48, "device": "cpu"})
+    Q._check_settings(tmp_path, {"budget": "tiny", "samples": 48, "device": "cpu"})  # same settings resume
+    with pytest.raises(
+        ValueError, match=r"other settings \(budget 'tiny' -> 'default', samples 48 -> 320\).*--fresh"
+    ):
+        Q._check_settings(tmp_path, {"budget": "default", "samples": 320, "device": "cpu"})
+
+
+def test_a_second_quickstart_on_one_directory_fails_at_once(tmp_path):
+    with DirLock(tmp_path / "run", "quickstart"):
+        with pytest.raises(DirectoryInUse, match="in use by another specdraft process"):
+            Q.quickstart(out=str(tmp_path / "run"), budget="tiny")
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_tiny_quickstart_end_to_end_from_the_cli(tmp_path):
+    """The README's main job on the embedded default at the smallest budget, through the CLI, spelled relative."""
+    run = [sys.executable, "-m", "specdraft.cli", "quickstart", "--budget", "tiny", "--out", "qs"]
+    r = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "qs" / "summary.json").read_text())
+    assert s["budget"]["name"] == "tiny" and s["data"]["num_samples"] > 30
+    tr, un = s["eval"]["trained"], s["eval"]["untrained"]
+    assert tr["lossless"] is True and un["lossless"] is True
+    assert tr["tau"] > un["tau"] >= 1.0  # training helps even at the smallest budget
+    assert (tmp_path / "qs" / "export" / "speculators" / "config.json").exists()
+    # the same run spelled absolute resumes (every stage already done) instead of failing
+    r2 = subprocess.run([*run[:-1], str(tmp_path / "qs")], capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert json.loads((tmp_path / "qs" / "summary.json").read_text())["eval"]["trained"]["tau"] == tr["tau"]
+    # another budget on the same directory is refused with the fix
+    r3 = subprocess.run([*run[:-3], "default", "--out", "qs"], cwd=tmp_path, capture_output=True, text=True)
+    assert r3.returncode == 2 and "--fresh" in r3.stderr and "Traceback" not in r3.stderr
