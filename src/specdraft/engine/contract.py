@@ -233,6 +233,14 @@ VLLM_CONTRACT = Contract(
             used_by=_CAPTURE,
         ),
         Entry(
+            # read, not called: its dataclass fields are the options LLM(**kwargs) accepts, so the
+            # capture backend checks a user's engine_args against them before the engine loads
+            "vllm.EngineArgs",
+            "vllm:EngineArgs",
+            returns="a dataclass; dataclasses.fields() lists the engine options",
+            used_by=_CAPTURE,
+        ),
+        Entry(
             "vllm.LLM.generate",
             "vllm:LLM.generate",
             positional=2,
