@@ -198,11 +198,6 @@ def test_doctor_checks_each_extension_against_the_installed_worker_classes(ext):
 
 
 @needs_vllm
-@pytest.mark.xfail(
-    reason="engine/check.py checks `contract.extension` (the first) only; it must loop over "
-    "`contract.extensions` (see the eval refactor report); drop this mark with that change",
-    strict=False,
-)
 def test_doctor_checks_every_extension_of_a_contract():
     from dataclasses import replace
 

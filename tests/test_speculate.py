@@ -12,20 +12,16 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
+from specdraft.decode.rules import accept_chain, accept_tree, draft_probs_full
+from specdraft.decode.runners import EagleDrafter, HFTargetRunner
 from specdraft.decode.speculate import (
-    DraftTree,
-    HFTargetRunner,
     SpecConfig,
     Speculator,
-    accept_chain,
-    accept_tree,
-    ancestor_mask,
-    draft_probs_full,
-    draft_tree,
     make_generator,
     speculative_generate,
     target_generate,
 )
+from specdraft.decode.tree import DraftTree, ancestor_mask, draft_tree
 from specdraft.model.draft import build_draft
 from specdraft.targets import wrap_model
 
@@ -159,7 +155,7 @@ def test_tree_selection_is_ancestor_closed_and_topologically_ordered():
     d = BigramDrafter(table, torch.arange(30))
     d.extend(torch.zeros(4, 1), torch.tensor([1, 2, 3, 4]), torch.arange(4))
     cfg = SpecConfig(tree=True, topk=5, depth=4, budget=17)
-    tree = draft_tree(d, torch.zeros(1), table[4], 4, 3, cfg)
+    tree = draft_tree(d, torch.zeros(1), table[4], 4, 3, cfg.topk, cfg.depth, cfg.budget)
     assert len(tree) == 18 and tree.parents[0] == -1 and tree.depths[0] == 0
     for i in range(1, len(tree)):
         assert tree.parents[i] < i and tree.depths[i] == tree.depths[tree.parents[i]] + 1
@@ -363,16 +359,64 @@ def test_lossless_greedy_with_an_oracle_draft_on_tiny_llama(tiny, tree, noise):
         assert 1.0 < float(np.mean(taus)) < cfg.max_draft_depth + 1, taus
 
 
+class SteeredEagleDrafter(EagleDrafter):
+    """The real `EagleDrafter` (draft forwards, its KV cache, crops and hidden-state feedback all run) whose
+    logits are replaced by an `OracleDrafter`'s, read at the draft vocabulary's target ids: an untrained
+    Eagle3Draft whose proposals the target accepts, wherever the target's choice is in the draft vocabulary."""
+
+    def __init__(self, draft, oracle: OracleDrafter):
+        super().__init__(draft)
+        self.oracle = oracle
+
+    def reset(self) -> None:
+        super().reset()
+        self.oracle.reset()
+
+    def crop(self, n: int) -> None:
+        super().crop(n)
+        self.oracle.crop(n)
+
+    def extend(self, aux, ids, positions):
+        hidden, _ = super().extend(aux, ids, positions)
+        _, logits = self.oracle.extend(aux, ids, positions)
+        assert len(self) == len(self.oracle)
+        return hidden, logits[self.target_ids]  # (H,), (Vd,)
+
+    def step(self, ids, hidden, positions, mask):
+        out, _ = super().step(ids, hidden, positions, mask)
+        _, logits = self.oracle.step(ids, hidden, positions, mask)
+        assert len(self) == len(self.oracle)
+        return out, logits[:, self.target_ids]  # (K, H), (K, Vd)
+
+
 @pytest.mark.parametrize("tree", [False, True])
-def test_lossless_greedy_with_a_random_eagle3_draft(tiny, tree):
-    counts = np.random.default_rng(0).integers(0, 100, tiny.vocab_size)
-    draft = build_draft(tiny, counts, [2, 4, 5], draft_vocab_size=128)
-    sp = Speculator(tiny, draft)
+def test_lossless_greedy_with_a_steered_eagle3_draft(tiny, tree):
+    """An Eagle3Draft through `Speculator` with proposals the target accepts (some, not all): the output is
+    target-only greedy decoding token for token, and tokens were accepted (tau > 1)."""
     cfg = SpecConfig(k=4, tree=tree, topk=4, depth=3, budget=12, max_new_tokens=20)
-    for i, prompt in enumerate(_prompts(3, tiny.vocab_size, seed=2)):
-        b, s = sp.baseline(prompt, cfg, seed=i), sp.generate(prompt, cfg, seed=i)
-        assert s.tokens == b.tokens and len(s.tokens) == 20
+    prompts = _prompts(3, tiny.vocab_size, seed=2)
+    runner = HFTargetRunner(tiny, [])
+    bases = [target_generate(runner, p, cfg.max_new_tokens).tokens for p in prompts]
+    runner.close()
+    # a draft vocabulary of 128 of the 320 ids that holds every token greedy decoding emits (d2t is not trivial)
+    counts = np.zeros(tiny.vocab_size, dtype=np.int64)
+    np.add.at(counts, [t for b in bases for t in b], 1)
+    draft = build_draft(tiny, counts, [2, 4, 5], draft_vocab_size=128)
+    assert int(draft.d2t.abs().sum()) > 0
+    sp = Speculator(tiny, draft)
+    taus = []
+    for i, (prompt, base) in enumerate(zip(prompts, bases)):
+        assert sp.baseline(prompt, cfg, seed=i).tokens == base
+        oracle = OracleDrafter(tiny, prompt[0], noise=0.05, seed=i)
+        sp.drafter = SteeredEagleDrafter(draft, oracle)
+        s = sp.generate(prompt, cfg, seed=i)
+        oracle.runner.close()
+        assert s.tokens == base and len(s.tokens) == 20, (i, s.tokens, base)
+        assert s.target_forwards == 1 + len(s.accepted)
+        taus.append(s.tau)
     sp.close()
+    assert all(t > 1.0 for t in taus), taus  # acceptance happened in every generation
+    assert float(np.mean(taus)) < cfg.max_draft_depth + 1, taus  # and rejection too (noisy proposals)
 
 
 def test_sampled_speculation_is_seeded(tiny):
@@ -403,17 +447,27 @@ def test_user_errors_are_explained(tiny):
 
 @pytest.mark.real
 def test_lossless_on_the_embedded_default(real_target):
-    """Greedy speculative == target-only on a few MT-bench first turns (untrained draft, chain and tree)."""
-    from specdraft.eval.reference import load_prompts, render_prompt
+    """Greedy speculative == target-only on a few MT-bench first turns (chain and tree), with an untrained
+    Eagle3Draft steered to proposals the target accepts: tokens are accepted (tau > 1) and nothing changes."""
+    from specdraft.eval.prompts import load_prompts, render_prompt
 
     tok = real_target.tokenizer
+    prompts = [render_prompt(tok, [pr.turns[0]], []) for pr in load_prompts("mtbench", max_prompts=3)]
+    runner = HFTargetRunner(real_target, [])
+    bases = [target_generate(runner, ids, 16).tokens for ids in prompts]
+    runner.close()
+    counts = np.zeros(real_target.vocab_size, dtype=np.int64)
+    np.add.at(counts, [t for b in bases for t in b], 1)  # the emitted tokens are in the draft vocabulary
     aux = [2, real_target.num_layers // 2, real_target.num_layers - 3]
-    draft = build_draft(real_target, np.ones(real_target.vocab_size), aux, draft_vocab_size=8192)
+    draft = build_draft(real_target, counts, aux, draft_vocab_size=8192)
     sp = Speculator(real_target, draft)
-    prompts = load_prompts("mtbench", max_prompts=3)
     for tree in (False, True):
         cfg = SpecConfig(k=4, tree=tree, topk=4, depth=4, budget=12, max_new_tokens=16)
-        for pr in prompts:
-            ids = render_prompt(tok, [pr.turns[0]], [])
-            assert sp.generate(ids, cfg).tokens == sp.baseline(ids, cfg).tokens, pr.id
+        for i, (ids, base) in enumerate(zip(prompts, bases)):
+            oracle = OracleDrafter(real_target, ids[0], noise=0.05, seed=i)
+            sp.drafter = SteeredEagleDrafter(draft, oracle)
+            s = sp.generate(ids, cfg)
+            oracle.runner.close()
+            assert s.tokens == base, (tree, i)
+            assert s.tau > 1.0, (tree, i, s.accepted)
     sp.close()

@@ -28,12 +28,12 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft import __version__
+from specdraft.fileio import DTYPES, tmp_path
 from specdraft.model.checkpoint import load_trained
 from specdraft.model.draft import DraftConfig, Eagle3Draft
 
 FORMATS = ("speculators", "eagle3")
 _LAYER_PREFIX = {"speculators": "layers.0.", "eagle3": "midlayer."}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def export_state(draft: Eagle3Draft, fmt: str, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -219,8 +219,8 @@ def export(
     errors = []
     if format not in FORMATS:
         errors.append(f"--format must be one of {FORMATS}, not {format!r}")
-    if dtype not in _DTYPES:
-        errors.append(f"--dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+    if dtype not in DTYPES:
+        errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     if k < 1:
         errors.append(f"--k must be >= 1, not {k}")
     if errors:
@@ -234,7 +234,7 @@ def export(
     verifier = str(local) if local else name
     if not verifier:
         raise ValueError("export: the draft does not record its target; pass --target")
-    state = export_state(draft, format, _DTYPES[dtype])
+    state = export_state(draft, format, DTYPES[dtype])
     config = export_config(cfg, format, verifier, k, dtype)
     problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)
     if problems:
@@ -245,7 +245,7 @@ def export(
         for w in eagle3_support_warnings(verifier):
             print(f"export: warning: {w}")
     out_dir = Path(out)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    tmp = tmp_path(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})

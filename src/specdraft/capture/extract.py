@@ -12,6 +12,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -68,19 +69,10 @@ def extract(
         trust_remote_code: passed to transformers / vLLM.
         skip_doctor: do not run the engine preflight checks before loading the model.
     """
-    errors = []
-    if backend not in ("hf", "vllm"):
-        errors.append(f"--backend must be hf or vllm, not {backend!r}")
-    if not 0 <= shard_index < num_shards:
-        errors.append(f"--shard-index {shard_index} must be in [0, --num-shards {num_shards})")
     store_dtype = store_dtype or dtype
-    for name, val in (("dtype", dtype), ("store-dtype", store_dtype)):
-        if val not in DTYPES:
-            errors.append(f"--{name} must be one of {sorted(DTYPES)}, not {val!r}")
-    if samples_per_shard < 1 or max_tokens_per_batch < 1:
-        errors.append("--samples-per-shard and --max-tokens-per-batch must be positive")
-    if errors:
-        raise ValueError("extract: " + "; ".join(errors))
+    _check_arguments(
+        backend, num_shards, shard_index, dtype, store_dtype, samples_per_shard, max_tokens_per_batch
+    )
 
     ds = load_dataset(dataset)
     n_total = min(len(ds), max_samples) if max_samples else len(ds)
@@ -98,14 +90,7 @@ def extract(
         "dtype": store_dtype,
     }
     man_path = out_dir / manifest_name(shard_index, num_shards)
-    if man_path.exists():
-        old = json.loads(man_path.read_text())
-        diff = [k for k, v in plan_key.items() if old.get(k) != v]
-        if diff:
-            raise ValueError(
-                f"{out_dir} holds an extraction with other settings ({', '.join(diff)}): "
-                "use a new --out directory, or the same settings to resume"
-            )
+    _check_resume(man_path, plan_key)
     todo = [k for k in range(len(plan)) if not (out_dir / f"{shard_stem(shard_index, k)}.json").exists()]
     if not todo and man_path.exists() and json.loads(man_path.read_text()).get("complete"):
         print(f"extract: {out_dir} is already complete ({len(plan)} shards)")
@@ -119,8 +104,7 @@ def extract(
     local = resolve_target_dir(target, convert=True)
     model_dir = str(local) if local else target
     text_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
-    num_layers = text_cfg.num_hidden_layers
-    layer_ids = capture_layer_ids(num_layers, layers)
+    layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, layers)
     todo_tokens = sum(lengths[s] for k in todo for s in plan[k])
     need = estimate_bytes(todo_tokens, len(layer_ids), text_cfg.hidden_size, store_dtype)
     free = shutil.disk_usage(out_dir).free
@@ -132,29 +116,8 @@ def extract(
     if not skip_doctor:
         _preflight(backend, model_dir, layer_ids, need, out_dir)
 
-    # load the target and the capture backend
-    if backend == "hf":
-        from specdraft.capture.hf import HFCapture
-        from specdraft.targets import load_target
-
-        tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        cap = HFCapture(tgt, layer_ids, pad_id=tgt.tokenizer.pad_token_id or 0 if tgt.tokenizer else 0)
-        info = {"name": target, "path": model_dir, "config_hash": tgt.config_hash, "num_layers": tgt.num_layers,
-                "hidden_size": tgt.hidden_size, "vocab_size": tgt.vocab_size}  # fmt: skip
-        import transformers
-
-        engine = {"backend": "hf", "transformers": transformers.__version__, "torch": torch.__version__}
-    else:
-        from specdraft.capture.vllm import VLLMCapture
-        from specdraft.targets import config_hash
-
-        cap = VLLMCapture(model_dir, layer_ids, dtype=dtype, max_model_len=max(lengths.values(), default=1),
-                          trust_remote_code=trust_remote_code)  # fmt: skip
-        info = {"name": target, "path": model_dir, "config_hash": config_hash(text_cfg), "num_layers": num_layers,
-                "hidden_size": text_cfg.hidden_size, "vocab_size": text_cfg.vocab_size}  # fmt: skip
-        import vllm
-
-        engine = {"backend": "vllm", "vllm": vllm.__version__, "torch": torch.__version__}
+    cap, info, engine = _open_backend(backend, target, model_dir, text_cfg, layer_ids, device, dtype,
+                                      max(lengths.values(), default=1), trust_remote_code)  # fmt: skip
     manifest = {
         "kind": "specdraft.hidden_states",
         "specdraft_version": __version__,
@@ -170,25 +133,11 @@ def extract(
     }
     write_manifest(out_dir, manifest)
 
-    # capture shard by shard; a shard becomes visible only when complete
-    sd = DTYPES[store_dtype]
+    t0 = time.time()
     bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc=f"extract {shard_index}/{num_shards}")
-    t0, done_tok = time.time(), 0
     try:
-        for k in todo:
-            samples = {}
-            for batch in token_batches(plan[k], lengths, max_tokens_per_batch):
-                hs = cap.run([ds.input_ids[s] for s in batch])
-                for s, h in zip(batch, hs):
-                    samples[s] = {
-                        "input_ids": torch.as_tensor(ds.input_ids[s]),
-                        "loss_mask": torch.as_tensor(ds.loss_mask[s]),
-                        "hidden": h.to("cpu", sd),
-                    }
-                n = sum(lengths[s] for s in batch)
-                done_tok += n
-                bar.update(n)
-            write_shard(out_dir, shard_stem(shard_index, k), samples)
+        done_tok = _capture_shards(cap, ds, plan, todo, lengths, max_tokens_per_batch, DTYPES[store_dtype],
+                                   out_dir, shard_index, bar)  # fmt: skip
     finally:
         bar.close()
         if hasattr(cap, "close"):
@@ -199,6 +148,114 @@ def extract(
     write_manifest(out_dir, manifest)
     print(f"extract: {n_total if num_shards == 1 else len(mine)} samples, {len(plan)} shards -> {out_dir}")
     return out_dir
+
+
+def _check_arguments(
+    backend: str,
+    num_shards: int,
+    shard_index: int,
+    dtype: str,
+    store_dtype: str,
+    samples_per_shard: int,
+    max_tokens_per_batch: int,
+) -> None:
+    """Every problem with extract's arguments in one ValueError."""
+    errors = []
+    if backend not in ("hf", "vllm"):
+        errors.append(f"--backend must be hf or vllm, not {backend!r}")
+    if not 0 <= shard_index < num_shards:
+        errors.append(f"--shard-index {shard_index} must be in [0, --num-shards {num_shards})")
+    for name, val in (("dtype", dtype), ("store-dtype", store_dtype)):
+        if val not in DTYPES:
+            errors.append(f"--{name} must be one of {sorted(DTYPES)}, not {val!r}")
+    if samples_per_shard < 1 or max_tokens_per_batch < 1:
+        errors.append("--samples-per-shard and --max-tokens-per-batch must be positive")
+    if errors:
+        raise ValueError("extract: " + "; ".join(errors))
+
+
+def _check_resume(man_path: Path, plan_key: dict) -> None:
+    """Refuse to continue an extraction written with other settings (an existing manifest at `man_path`)."""
+    if man_path.exists():
+        old = json.loads(man_path.read_text())
+        diff = [k for k, v in plan_key.items() if old.get(k) != v]
+        if diff:
+            raise ValueError(
+                f"{man_path.parent} holds an extraction with other settings ({', '.join(diff)}): "
+                "use a new --out directory, or the same settings to resume"
+            )
+
+
+def _open_backend(
+    backend: str,
+    target: str,
+    model_dir: str,
+    text_cfg,
+    layer_ids: list[int],
+    device: str,
+    dtype: str,
+    max_model_len: int,
+    trust_remote_code: bool,
+) -> tuple[Any, dict, dict]:
+    """Load the target into the capture backend; returns it, the manifest's target info and engine versions."""
+    if backend == "hf":
+        from specdraft.capture.hf import HFCapture
+        from specdraft.targets import load_target
+
+        tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        cap = HFCapture(tgt, layer_ids, pad_id=tgt.tokenizer.pad_token_id or 0 if tgt.tokenizer else 0)
+        info = {"name": target, "path": model_dir, "config_hash": tgt.config_hash, "num_layers": tgt.num_layers,
+                "hidden_size": tgt.hidden_size, "vocab_size": tgt.vocab_size}  # fmt: skip
+        import transformers
+
+        return (
+            cap,
+            info,
+            {"backend": "hf", "transformers": transformers.__version__, "torch": torch.__version__},
+        )
+    from specdraft.capture.vllm import VLLMCapture
+    from specdraft.targets import config_hash
+
+    cap = VLLMCapture(model_dir, layer_ids, dtype=dtype, max_model_len=max_model_len,
+                      trust_remote_code=trust_remote_code)  # fmt: skip
+    info = {"name": target, "path": model_dir, "config_hash": config_hash(text_cfg),
+            "num_layers": text_cfg.num_hidden_layers, "hidden_size": text_cfg.hidden_size,
+            "vocab_size": text_cfg.vocab_size}  # fmt: skip
+    import vllm
+
+    return cap, info, {"backend": "vllm", "vllm": vllm.__version__, "torch": torch.__version__}
+
+
+def _capture_shards(
+    cap,
+    ds,
+    plan: list[list[int]],
+    todo: list[int],
+    lengths: dict[int, int],
+    max_tokens_per_batch: int,
+    store_dtype: torch.dtype,
+    out_dir: Path,
+    shard_index: int,
+    bar,
+) -> int:
+    """Capture shards `todo` of the plan one by one, each written when complete (only then visible to
+    readers); returns the tokens captured."""
+    done_tok = 0
+    for k in todo:
+        samples = {}
+        for batch in token_batches(plan[k], lengths, max_tokens_per_batch):
+            hs = cap.run([ds.input_ids[s] for s in batch])
+            for s, h in zip(batch, hs):
+                samples[s] = {
+                    "input_ids": torch.as_tensor(ds.input_ids[s]),
+                    "loss_mask": torch.as_tensor(ds.loss_mask[s]),
+                    "hidden": h.to("cpu", store_dtype),
+                }
+            n = sum(lengths[s] for s in batch)
+            done_tok += n
+            bar.update(n)
+        write_shard(out_dir, shard_stem(shard_index, k), samples)
+    return done_tok
 
 
 def _preflight(backend: str, model_dir: str, layer_ids: list[int], planned_bytes: int, out_dir: Path) -> None:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specdraft import __version__
-from specdraft.fileio import file_hash
+from specdraft.fileio import atomic_write_text, file_hash, tmp_path
 
 _ROLE_MAP = {
     "human": "user",
@@ -276,7 +276,7 @@ def prepare(
             "loss_mask": pa.array(rows_mask, pa.list_(pa.int8())),
         }
     )
-    tmp = out_dir / f".{DATASET_FILE}.tmp"
+    tmp = tmp_path(out_dir / DATASET_FILE)
     pq.write_table(table, tmp)
     tmp.replace(out_dir / DATASET_FILE)
     np.save(out_dir / COUNTS_FILE, counts)
@@ -299,7 +299,7 @@ def prepare(
         "truncated_to_max_length": {"count": len(truncated), "records": truncated},
         "seconds": round(time.time() - t0, 2),
     }
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     print(
         f"prepare: {len(rows_ids)} conversations, {manifest['num_tokens']} tokens "
         f"({manifest['num_loss_tokens']} assistant) -> {out_dir}"

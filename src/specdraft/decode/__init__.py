@@ -1,5 +1,7 @@
 """decode: speculative decoding with a transformers target, the reference decoder.
 
-Owns the acceptance rules (greedy and rejection sampling), chain and dynamic-tree drafting, and the
-target/drafter runners with KV caches (`speculate.py`). May import: `fileio`, `targets`, `model`.
+Read in this order: `speculate.py` (the settings, one decoding round -- catch up, draft, verify, accept --
+and the `Speculator` facade), `rules.py` (the acceptance rules, greedy and rejection sampling, each stated
+at its code), `tree.py` (the dynamic EAGLE-2 draft tree and its attention mask), `runners.py` (the
+target and draft behind small interfaces, with their KV caches). May import: `fileio`, `targets`, `model`.
 """

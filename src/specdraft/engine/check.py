@@ -2,7 +2,7 @@
 
 The installed engine is imported and each declared call is bound with
 ``inspect.signature(...).bind``; another version (``--against``) is read from its source by
-:class:`specdraft.engine.static_sig.SourceTree`. Besides plain calls it checks the implicit contracts no
+:mod:`specdraft.engine.static_sig`. Besides plain calls it checks the implicit contracts no
 type checker sees: the ``worker_extension_cls`` path and its ``collective_rpc`` methods, the worker
 methods and attributes the extension uses, the attributes the hooks need on vLLM's model class for
 the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.engine.doctor`
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.engine.contract import Contract, Entry, ModelContract
+from specdraft.engine.contract import Contract, Entry, ModelContract, WorkerExtension
 from specdraft.engine.static_sig import (
     KW_ONLY,
     POS_KW,
@@ -31,6 +31,9 @@ from specdraft.engine.static_sig import (
     Param,
     SigInfo,
     SourceTree,
+    attribute_class,
+    instance_attributes,
+    signature,
     top_statements,
     unguarded_cuda_calls,
 )
@@ -210,8 +213,8 @@ def check_contract(
         problems.extend(_check_entry(e, tree, static, device))
         if e.returns:
             runtime.append(f"{e.name} returns {e.returns}")
-    if contract.extension is not None:
-        problems.extend(_check_extension(contract, tree))
+    for ext in contract.extensions:
+        problems.extend(_check_extension(ext, tree))
     if contract.model is not None and architectures:
         problems.extend(_check_model(contract, tree, architectures))
     return problems, runtime
@@ -222,7 +225,7 @@ def _entry_sig(e: Entry, tree: SourceTree, static: bool, symbol: str) -> tuple[S
         found, why = tree.resolve(symbol)
         if found is None:
             return None, why
-        sig = tree.signature(found)
+        sig = signature(tree, found)
         if sig is None:
             return None, f"signature of {symbol} cannot be read from source (built outside {tree.root})"
         return sig, ""
@@ -295,7 +298,7 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
     if e.attributes or (e.on_cpu and device == "cpu"):
         found, _ = tree.resolve(e.symbol)
         if found is not None and e.attributes and found.kind == "class":
-            attrs = tree.attributes(found)
+            attrs = instance_attributes(tree, found)
             missing = [a for a in e.attributes if attrs is not None and a not in attrs]
             if missing:
                 problems.append(
@@ -330,8 +333,7 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
     return problems
 
 
-def _check_extension(contract: Contract, tree: SourceTree) -> list[Problem]:
-    ext = contract.extension
+def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
     assert ext is not None
     problems: list[Problem] = []
     mod, _, cls_name = ext.path.rpartition(".")
@@ -367,7 +369,7 @@ def _check_extension(contract: Contract, tree: SourceTree) -> list[Problem]:
             problems.append(Problem("extension", wsym, f"worker class not found: {why}", "warning"))
             continue
         found_any = True
-        attrs = tree.attributes(found) or set()
+        attrs = instance_attributes(tree, found) or set()
         clash = sorted(ext_names & attrs)
         if clash:
             problems.append(
@@ -376,7 +378,7 @@ def _check_extension(contract: Contract, tree: SourceTree) -> list[Problem]:
                     wsym,
                     f"extension attribute(s) {clash} clash with the worker class; vLLM refuses the extension",
                     location=found.location,
-                    fix="rename them in specdraft/capture/vllm.py",
+                    fix=f"rename them in {ext.path.rsplit('.', 1)[0]}",
                 )
             )
         for m in ext.worker_methods + ext.worker_attributes:
@@ -433,7 +435,7 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
         if found is None or found.kind != "class":
             problems.append(Problem("model", arch, f"class {mod}.{cls_name} named in the registry not found"))
             continue
-        attrs = tree.attributes(found) or set()
+        attrs = instance_attributes(tree, found) or set()
         top = "model" if "model" in attrs else ("language_model" if "language_model" in attrs else None)
         if top is None:
             problems.append(
@@ -445,10 +447,10 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                 )
             )
         else:
-            inner = tree.attribute_class(found, top)
+            inner = attribute_class(tree, found, top)
             needed = [p.split(".", 1)[1] for p in mc.attribute_paths if "." in p]
             if inner is not None:
-                inner_attrs = tree.attributes(inner) or set()
+                inner_attrs = instance_attributes(tree, inner) or set()
                 missing = [n for n in needed if n not in inner_attrs]
                 if missing:
                     problems.append(
@@ -466,7 +468,7 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                     for s in (parsed.body if parsed else [])
                     if isinstance(s, ast.ClassDef)
                     and all(
-                        n in (tree.attributes(Found("class", found.module, found.path, s)) or set())
+                        n in (instance_attributes(tree, Found("class", found.module, found.path, s)) or set())
                         for n in needed
                     )
                 ]
@@ -510,7 +512,7 @@ def _eagle3_finding(
         f"or install a vLLM version whose {found.node.name} implements {iface} "
         "(check one without installing it: `specdraft doctor --target T --against vllm==X`)",
     ]
-    inner = tree.attribute_class(found, "language_model") if top == "language_model" else None
+    inner = attribute_class(tree, found, "language_model") if top == "language_model" else None
     if top == "language_model":
         backbone = "its text backbone"
         if inner is not None:

@@ -64,6 +64,7 @@ from specdraft.engine import contract as engines
 from specdraft.engine.check import Problem, check_contract, installed_root, shorten
 from specdraft.engine.contract import Contract
 from specdraft.engine.static_sig import SourceTree, unguarded_cuda_calls
+from specdraft.fileio import atomic_write_text
 
 __all__ = [
     "Problem",
@@ -418,7 +419,14 @@ def _tree_stat(d: Path) -> str:
 
 
 #: specdraft's files the import-mode results depend on (the checker, the contract, the extension)
-_CHECKER_FILES = ("engine/contract.py", "engine/check.py", "engine/static_sig.py", "capture/vllm.py")
+_CHECKER_FILES = (
+    "engine/contract.py",
+    "engine/check.py",
+    "engine/static_sig.py",
+    "engine/vllm_rpc.py",
+    "capture/vllm.py",
+    "eval/vllm_worker.py",
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -474,9 +482,7 @@ def _check_installed(
         }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(_json.dumps(data))
-            tmp.replace(path)
+            atomic_write_text(path, _json.dumps(data))
         except OSError:
             pass  # a read-only cache only costs time
     return problems, runtime

@@ -1,11 +1,17 @@
 """Engine signatures read from source with :mod:`ast` -- no import, no install, no GPU.
 
-:class:`SourceTree` finds where a symbol of an engine package is defined (following re-exports,
-relative imports and vLLM's lazy ``MODULE_ATTRS`` table), walks base classes in the same package,
-and builds the signature of what makes a class callable: an explicit or inherited ``__init__``,
-dataclass and pydantic-dataclass fields, decorators marked ``dataclass_transform`` (vLLM's
-``@config``), ``InitVar``/``ClassVar``/``KW_ONLY``/``field(init=False)``, msgspec structs and
-``TypedDict``. :class:`SigInfo` is the signature model shared with the import-based reader of
+Three pieces, each usable alone:
+
+* :class:`ModuleFiles`: the module files under a root and their parsed syntax trees.
+* :class:`SourceTree` (a :class:`ModuleFiles`): where a symbol of an engine package is defined,
+  following re-exports, relative imports and vLLM's lazy ``MODULE_ATTRS`` table, and the base classes
+  and members of a class in the same package.
+* :func:`signature`: what makes a function or class callable -- an explicit or inherited ``__init__``,
+  dataclass and pydantic-dataclass fields, decorators marked ``dataclass_transform`` (vLLM's
+  ``@config``), ``InitVar``/``ClassVar``/``KW_ONLY``/``field(init=False)``, msgspec structs and
+  ``TypedDict``; :func:`instance_attributes` and :func:`attribute_class` read what instances carry.
+
+:class:`SigInfo` is the signature model shared with the import-based reader of
 :mod:`specdraft.engine.check`, and :func:`unguarded_cuda_calls` finds ``torch.cuda.*`` calls a CPU
 machine would run.
 
@@ -30,9 +36,14 @@ __all__ = [
     "VAR_KW",
     "VAR_POS",
     "Found",
+    "ModuleFiles",
     "Param",
     "SigInfo",
     "SourceTree",
+    "attribute_class",
+    "generated_init",
+    "instance_attributes",
+    "signature",
     "top_statements",
     "unguarded_cuda_calls",
 ]
@@ -131,8 +142,8 @@ def _is_overload(fn: ast.AST) -> bool:
     return any(_dotted(d).split(".")[-1] == "overload" for d in getattr(fn, "decorator_list", []))
 
 
-class SourceTree:
-    """Python packages under ``root``, read with :mod:`ast` only (nothing is imported)."""
+class ModuleFiles:
+    """The files of the Python packages under ``root`` and their parsed syntax trees (nothing is imported)."""
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
@@ -160,7 +171,8 @@ class SourceTree:
             self._parsed[module] = tree
         return self._parsed[module]
 
-    def _absolute(self, module: str, level: int, target: str | None) -> str:
+    def absolute(self, module: str, level: int, target: str | None) -> str:
+        """The absolute module name of ``from <level dots><target> import ...`` written in ``module``."""
         if level == 0:
             return target or ""
         path = self.module_path(module)
@@ -170,6 +182,19 @@ class SourceTree:
         pkg_parts = pkg_parts[: len(pkg_parts) - (level - 1)]
         return ".".join(pkg_parts + ([target] if target else []))
 
+    def submodule(self, module: str) -> Found | None:
+        """``module`` as a :class:`Found` of kind ``module`` when its file exists."""
+        path = self.module_path(module)
+        return Found("module", module, path) if path else None
+
+
+class SourceTree(ModuleFiles):
+    """Where names are defined in the packages under ``root``: modules, classes, their bases and members.
+
+    Signatures (:func:`signature`) and instance attributes (:func:`instance_attributes`,
+    :func:`attribute_class`) are read from what this class finds.
+    """
+
     def lookup(self, module: str, name: str, depth: int = 0) -> Found | None:
         """Where ``name`` in ``module`` is defined, following re-exports and lazy-import tables."""
         if depth > 12:
@@ -178,53 +203,55 @@ class SourceTree:
         path = self.module_path(module)
         if tree is None or path is None:
             return None
-        defs = [
-            s
-            for s in top_statements(tree.body)
-            if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name
-        ]
-        if defs:
-            real = [d for d in defs if not _is_overload(d)] or defs
-            d = real[-1]
+        d = _definition(top_statements(tree.body), name)
+        if d is not None:
             return Found("class" if isinstance(d, ast.ClassDef) else "function", module, path, d)
         for s in top_statements(tree.body):
             if isinstance(s, ast.ImportFrom):
-                for a in s.names:
-                    if (a.asname or a.name) == name:
-                        src = self._absolute(module, s.level, s.module)
-                        hit = self.lookup(src, a.name, depth + 1)
-                        if hit is None and self.module_path(f"{src}.{a.name}"):
-                            sub = f"{src}.{a.name}"
-                            return Found("module", sub, self.module_path(sub))  # type: ignore[arg-type]
-                        if hit is not None:
-                            return hit
+                hit = self._from_import(module, s, name, depth)
+                if hit is not None:
+                    return hit
             elif isinstance(s, ast.Import):
                 for a in s.names:
                     if a.asname == name and self.module_path(a.name):
-                        return Found("module", a.name, self.module_path(a.name))  # type: ignore[arg-type]
+                        return self.submodule(a.name)
             elif isinstance(s, ast.Assign):
-                if any(isinstance(t, ast.Name) and t.id == name for t in s.targets) and isinstance(
-                    s.value, ast.Name
-                ):
+                if _assigns(s, name) and isinstance(s.value, ast.Name):  # an alias: name = other
                     return self.lookup(module, s.value.id, depth + 1)
-                if isinstance(s.value, ast.Dict):  # lazy tables like {"LLM": ".entrypoints.llm:LLM"}
-                    for k, v in zip(s.value.keys, s.value.values):
-                        if (
-                            isinstance(k, ast.Constant)
-                            and k.value == name
-                            and isinstance(v, ast.Constant)
-                            and isinstance(v.value, str)
-                            and ":" in v.value
-                        ):
-                            mod, attr = v.value.split(":", 1)
-                            level = len(mod) - len(mod.lstrip("."))
-                            src = self._absolute(module, level, mod.lstrip(".") or None)
-                            hit = self.lookup(src, attr, depth + 1)
-                            if hit is not None:
-                                return hit
-        sub = f"{module}.{name}"
-        if self.module_path(sub):
-            return Found("module", sub, self.module_path(sub))  # type: ignore[arg-type]
+                if isinstance(s.value, ast.Dict):
+                    hit = self._lazy_table(module, s.value, name, depth)
+                    if hit is not None:
+                        return hit
+        return self.submodule(f"{module}.{name}")
+
+    def _from_import(self, module: str, s: ast.ImportFrom, name: str, depth: int) -> Found | None:
+        """``name`` imported by ``from X import ...`` in ``module``: X's symbol, or the submodule X.name."""
+        for a in s.names:
+            if (a.asname or a.name) == name:
+                src = self.absolute(module, s.level, s.module)
+                hit = self.lookup(src, a.name, depth + 1)
+                if hit is None and self.module_path(f"{src}.{a.name}"):
+                    return self.submodule(f"{src}.{a.name}")
+                if hit is not None:
+                    return hit
+        return None
+
+    def _lazy_table(self, module: str, table: ast.Dict, name: str, depth: int) -> Found | None:
+        """``name`` in a lazy-import table like ``{"LLM": ".entrypoints.llm:LLM"}`` (vLLM's ``MODULE_ATTRS``)."""
+        for k, v in zip(table.keys, table.values):
+            if (
+                isinstance(k, ast.Constant)
+                and k.value == name
+                and isinstance(v, ast.Constant)
+                and isinstance(v.value, str)
+                and ":" in v.value
+            ):
+                mod, attr = v.value.split(":", 1)
+                level = len(mod) - len(mod.lstrip("."))
+                src = self.absolute(module, level, mod.lstrip(".") or None)
+                hit = self.lookup(src, attr, depth + 1)
+                if hit is not None:
+                    return hit
         return None
 
     def resolve_expr(self, module: str, expr: ast.AST) -> Found | None:
@@ -270,16 +297,7 @@ class SourceTree:
     def member(self, cls: Found, name: str) -> Found | None:
         """A method or attribute ``name`` defined in ``cls`` or a base class in this tree."""
         for c in self.mro(cls)[0]:
-            hits = []
-            for s in c.node.body:
-                if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name == name:
-                    hits.append(s)
-                elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == name:
-                    hits.append(s)
-                elif isinstance(s, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == name for t in s.targets
-                ):
-                    hits.append(s)
+            hits = [s for s in c.node.body if _defines_member(s, name)]
             if hits:
                 real = [h for h in hits if not _is_overload(h)] or hits
                 node = real[-1]
@@ -292,9 +310,7 @@ class SourceTree:
     def resolve(self, symbol: str) -> tuple[Found | None, str]:
         """Resolve ``"module:Qual.name"``; on failure also say where the path broke."""
         module, _, qual = symbol.partition(":")
-        found: Found | None = (
-            Found("module", module, self.module_path(module)) if self.module_path(module) else None
-        )
+        found = self.submodule(module)
         if found is None:
             return None, f"module {module} not found under {self.root}"
         for part in qual.split("."):
@@ -323,208 +339,276 @@ class SourceTree:
         hint = f"; similar names there: {close}" if close else ""
         return f"{where} has no {part!r} (renamed or removed?){hint}"
 
-    # -- signatures -----------------------------------------------------------------------------
-    def _transform_decorated(self, module: str, node: ast.AST) -> bool:
-        for d in getattr(node, "decorator_list", []):
-            if _dotted(d).split(".")[-1] == "dataclass_transform":
-                return True
-        return False
 
-    def fieldish(self, cls: Found) -> str | None:
-        """How ``cls`` gets a generated ``__init__`` from its fields, if it does."""
-        for d in cls.node.decorator_list:
-            name = _dotted(d)
-            last = name.split(".")[-1]
-            if isinstance(d, ast.Call) and any(
-                k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
-                for k in d.keywords
-            ):
-                continue
-            if last == "dataclass" or last.endswith("_dataclass"):
-                return "dataclass"
-            r = self.resolve_expr(cls.module, d)
-            if r is not None and r.kind == "function":
-                fn_module_tree = self.parse(r.module)
-                overloads = [
-                    s
-                    for s in (fn_module_tree.body if fn_module_tree else [])
-                    if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == r.node.name
-                ]
-                if any(self._transform_decorated(r.module, s) for s in overloads + [r.node]):
+def _definition(statements: Iterable[ast.stmt], name: str) -> ast.AST | None:
+    """The class or function ``name`` defined among ``statements`` (the last non-overload one), if any."""
+    defs = [
+        s
+        for s in statements
+        if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name
+    ]
+    if not defs:
+        return None
+    real = [d for d in defs if not _is_overload(d)] or defs
+    return real[-1]
+
+
+def _assigns(s: ast.Assign, name: str) -> bool:
+    """Whether ``s`` assigns the plain name ``name``."""
+    return any(isinstance(t, ast.Name) and t.id == name for t in s.targets)
+
+
+def _defines_member(s: ast.stmt, name: str) -> bool:
+    """Whether a class-body statement defines ``name`` (def, nested class, annotated or plain assignment)."""
+    if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return s.name == name
+    if isinstance(s, ast.AnnAssign):
+        return isinstance(s.target, ast.Name) and s.target.id == name
+    return isinstance(s, ast.Assign) and _assigns(s, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# signatures read from source
+# ---------------------------------------------------------------------------------------------
+def signature(tree: SourceTree, found: Found) -> SigInfo | None:
+    """The call signature of a function, method or class; None when not knowable from source."""
+    if found.kind == "function":
+        decos = {_dotted(d).split(".")[-1] for d in found.node.decorator_list}
+        drop = found.owner is not None and "staticmethod" not in decos
+        params = _function_params(found.node, drop)
+        return SigInfo(params, _params_text(params), found.location, "def")
+    if found.kind != "class":
+        return None
+    chain, external = tree.mro(found)
+    for i, c in enumerate(chain):
+        init = next(
+            (
+                s
+                for s in c.node.body
+                if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and s.name == "__init__"
+                and not _is_overload(s)
+            ),
+            None,
+        )
+        if init is not None:
+            params = _function_params(init, True)
+            origin = "__init__" if c is found else f"__init__ inherited from {c.node.name}"
+            return SigInfo(params, _params_text(params), f"{c.path}:{init.lineno}", origin)
+        kind = generated_init(tree, c)
+        if kind:
+            merged: dict[str, Param] = {}
+            for base in reversed(chain[i:]):
+                if base is c or generated_init(tree, base):
+                    for p in _field_params(base, kind):
+                        merged[p.name] = p
+            params = list(merged.values())
+            names = "+".join(b.node.name for b in reversed(chain[i:]) if b is c or generated_init(tree, b))
+            return SigInfo(params, _params_text(params), c.location, f"{kind} fields of {names}")
+    unknown = [n for n in external if n.split(".")[-1] not in ("object", "Generic", "Protocol", "ABC")]
+    if unknown:
+        return None
+    return SigInfo([], "()", found.location, "object.__init__")
+
+
+def _function_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> list[Param]:
+    """The parameters of a ``def``; ``drop_first`` drops ``self``/``cls`` of a method."""
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    n_defaults = len(a.defaults)
+    params = []
+    for i, p in enumerate(positional):
+        kind = POS_ONLY if i < len(a.posonlyargs) else POS_KW
+        params.append(Param(p.arg, kind, i < len(positional) - n_defaults))
+    if a.vararg:
+        params.append(Param(a.vararg.arg, VAR_POS, False))
+    for p, dflt in zip(a.kwonlyargs, a.kw_defaults):
+        params.append(Param(p.arg, KW_ONLY, dflt is None))
+    if a.kwarg:
+        params.append(Param(a.kwarg.arg, VAR_KW, False))
+    if drop_first and params and params[0].kind in (POS_ONLY, POS_KW):
+        params = params[1:]
+    return params
+
+
+def _transform_decorated(node: ast.AST) -> bool:
+    """Whether ``node`` is decorated with ``dataclass_transform``."""
+    for d in getattr(node, "decorator_list", []):
+        if _dotted(d).split(".")[-1] == "dataclass_transform":
+            return True
+    return False
+
+
+def generated_init(tree: SourceTree, cls: Found) -> str | None:
+    """How ``cls`` gets a generated ``__init__`` from its fields, if it does.
+
+    ``dataclass`` (a ``@dataclass``-like decorator, or a NamedTuple base), ``transform`` (a decorator,
+    base class or metaclass marked ``dataclass_transform``), ``struct`` (msgspec), ``pydantic``
+    (``BaseModel``), ``typeddict``; None for a class whose ``__init__`` is not generated.
+    """
+    for d in cls.node.decorator_list:
+        kind = _decorator_init(tree, cls.module, d)
+        if kind == "skip":
+            continue
+        if kind:
+            return kind
+    chain, external = tree.mro(cls)
+    for c in chain:
+        if c is not cls and _transform_decorated(c.node):
+            return "transform"
+        for kw in c.node.keywords:
+            if kw.arg == "metaclass":
+                m = tree.resolve_expr(c.module, kw.value)
+                if m is not None and _transform_decorated(m.node):
                     return "transform"
-        chain, external = self.mro(cls)
-        for c in chain:
-            if c is not cls and self._transform_decorated(c.module, c.node):
-                return "transform"
-            for kw in c.node.keywords:
-                if kw.arg == "metaclass":
-                    m = self.resolve_expr(c.module, kw.value)
-                    if m is not None and self._transform_decorated(m.module, m.node):
-                        return "transform"
-        for name in external:
-            last = name.split(".")[-1]
-            if last == "Struct":
-                return "struct"
-            if last == "BaseModel":
-                return "pydantic"
-            if last == "TypedDict":
-                return "typeddict"
-            if last == "NamedTuple":
-                return "dataclass"
-        return None
+    for name in external:
+        last = name.split(".")[-1]
+        if last == "Struct":
+            return "struct"
+        if last == "BaseModel":
+            return "pydantic"
+        if last == "TypedDict":
+            return "typeddict"
+        if last == "NamedTuple":
+            return "dataclass"
+    return None
 
-    def _fields(self, cls: Found, kind: str) -> list[Param]:
-        """Init parameters generated from one class body's annotated fields."""
-        kw_all = kind in ("pydantic", "typeddict")
-        total = True
-        for d in cls.node.decorator_list:
-            if isinstance(d, ast.Call):
-                for k in d.keywords:
-                    if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
-                        kw_all = True
-        for k in cls.node.keywords:
-            if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
-                kw_all = True
-            if k.arg == "total" and isinstance(k.value, ast.Constant) and k.value.value is False:
-                total = False
-        params: list[Param] = []
-        kw_mode = kw_all
-        for s in cls.node.body:
-            if not (isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)):
-                continue
-            ann = ast.unparse(s.annotation)
-            if "ClassVar" in ann:
-                continue
-            if ann.split(".")[-1] == "KW_ONLY":
-                kw_mode = True
-                continue
-            if kind == "pydantic" and s.target.id.startswith("_"):
-                continue
-            required, init, kw_only = True, True, kw_mode
-            v = s.value
-            if v is not None:
-                required = False
-                if isinstance(v, ast.Call) and _dotted(v.func) in _FIELD_FUNCS | {
-                    n.split(".")[-1] for n in _FIELD_FUNCS
-                }:
-                    kws = {k.arg: k.value for k in v.keywords if k.arg}
-                    required = "default" not in kws and "default_factory" not in kws
-                    if v.args and not (isinstance(v.args[0], ast.Constant) and v.args[0].value is Ellipsis):
-                        required = False
-                    init_kw = kws.get("init")
-                    if isinstance(init_kw, ast.Constant) and init_kw.value is False:
-                        init = False
-                    kwo = kws.get("kw_only")
-                    if isinstance(kwo, ast.Constant) and kwo.value:
-                        kw_only = True
-            if kind == "typeddict":
-                required = ("Required[" in ann and "NotRequired[" not in ann) or (
-                    total and "NotRequired[" not in ann
-                )
-            if init:
-                params.append(Param(s.target.id, KW_ONLY if kw_only else POS_KW, required))
-        return params
 
-    def _function_sig(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> list[Param]:
-        a = fn.args
-        positional = a.posonlyargs + a.args
-        n_defaults = len(a.defaults)
-        params = []
-        for i, p in enumerate(positional):
-            kind = POS_ONLY if i < len(a.posonlyargs) else POS_KW
-            params.append(Param(p.arg, kind, i < len(positional) - n_defaults))
-        if a.vararg:
-            params.append(Param(a.vararg.arg, VAR_POS, False))
-        for p, dflt in zip(a.kwonlyargs, a.kw_defaults):
-            params.append(Param(p.arg, KW_ONLY, dflt is None))
-        if a.kwarg:
-            params.append(Param(a.kwarg.arg, VAR_KW, False))
-        if drop_first and params and params[0].kind in (POS_ONLY, POS_KW):
-            params = params[1:]
-        return params
+def _decorator_init(tree: SourceTree, module: str, d: ast.expr) -> str | None:
+    """What class decorator ``d`` (used in ``module``) does to ``__init__``: ``skip`` for ``init=False``,
+    ``dataclass``, ``transform`` (the decorator function is marked ``dataclass_transform``), or None."""
+    if isinstance(d, ast.Call) and any(
+        k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in d.keywords
+    ):
+        return "skip"
+    last = _dotted(d).split(".")[-1]
+    if last == "dataclass" or last.endswith("_dataclass"):
+        return "dataclass"
+    r = tree.resolve_expr(module, d)
+    if r is not None and r.kind == "function":
+        fn_module_tree = tree.parse(r.module)
+        overloads = [
+            s
+            for s in (fn_module_tree.body if fn_module_tree else [])
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == r.node.name
+        ]
+        if any(_transform_decorated(s) for s in overloads + [r.node]):
+            return "transform"
+    return None
 
-    def signature(self, found: Found) -> SigInfo | None:
-        """The call signature of a function, method or class; None when not knowable from source."""
-        if found.kind == "function":
-            decos = {_dotted(d).split(".")[-1] for d in found.node.decorator_list}
-            drop = found.owner is not None and "staticmethod" not in decos
-            params = self._function_sig(found.node, drop)
-            return SigInfo(params, _params_text(params), found.location, "def")
-        if found.kind != "class":
-            return None
-        chain, external = self.mro(found)
-        for i, c in enumerate(chain):
-            init = next(
-                (
-                    s
-                    for s in c.node.body
-                    if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and s.name == "__init__"
-                    and not _is_overload(s)
-                ),
-                None,
+
+def _field_params(cls: Found, kind: str) -> list[Param]:
+    """Init parameters generated from one class body's annotated fields (``kind`` from :func:`generated_init`)."""
+    kw_all, total = _class_field_flags(cls)
+    kw_all = kw_all or kind in ("pydantic", "typeddict")
+    params: list[Param] = []
+    kw_mode = kw_all
+    for s in cls.node.body:
+        if not (isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)):
+            continue
+        ann = ast.unparse(s.annotation)
+        if "ClassVar" in ann:
+            continue
+        if ann.split(".")[-1] == "KW_ONLY":
+            kw_mode = True
+            continue
+        if kind == "pydantic" and s.target.id.startswith("_"):
+            continue
+        required, init, kw_only = _field_options(s.value, kw_mode)
+        if kind == "typeddict":
+            required = ("Required[" in ann and "NotRequired[" not in ann) or (
+                total and "NotRequired[" not in ann
             )
-            if init is not None:
-                params = self._function_sig(init, True)
-                origin = "__init__" if c is found else f"__init__ inherited from {c.node.name}"
-                return SigInfo(params, _params_text(params), f"{c.path}:{init.lineno}", origin)
-            kind = self.fieldish(c)
-            if kind:
-                merged: dict[str, Param] = {}
-                for base in reversed(chain[i:]):
-                    if base is c or self.fieldish(base):
-                        for p in self._fields(base, kind):
-                            merged[p.name] = p
-                params = list(merged.values())
-                names = "+".join(b.node.name for b in reversed(chain[i:]) if b is c or self.fieldish(b))
-                return SigInfo(params, _params_text(params), c.location, f"{kind} fields of {names}")
-        unknown = [n for n in external if n.split(".")[-1] not in ("object", "Generic", "Protocol", "ABC")]
-        if unknown:
-            return None
-        return SigInfo([], "()", found.location, "object.__init__")
+        if init:
+            params.append(Param(s.target.id, KW_ONLY if kw_only else POS_KW, required))
+    return params
 
-    def attributes(self, cls: Found) -> set[str] | None:
-        """Names readable on instances of ``cls`` (None when ``__getattr__`` makes them dynamic)."""
-        names: set[str] = set()
-        for c in self.mro(cls)[0]:
-            for s in c.node.body:
-                if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    if s.name == "__getattr__":
-                        return None
-                    names.add(s.name)
-                elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
-                    names.add(s.target.id)
-                elif isinstance(s, ast.Assign):
-                    names |= {t.id for t in s.targets if isinstance(t, ast.Name)}
-            for node in ast.walk(c.node):
-                if (
-                    isinstance(node, ast.Attribute)
-                    and isinstance(node.ctx, ast.Store)
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id == "self"
-                ):
-                    names.add(node.attr)
-        return names
 
-    def attribute_class(self, cls: Found, attr: str) -> Found | None:
-        """The class of ``self.<attr>`` when it is assigned ``SomeClass(...)`` in the class source."""
-        for c in self.mro(cls)[0]:
-            for node in ast.walk(c.node):
-                if (
-                    isinstance(node, ast.Assign)
-                    and any(
-                        isinstance(t, ast.Attribute)
-                        and t.attr == attr
-                        and isinstance(t.value, ast.Name)
-                        and t.value.id == "self"
-                        for t in node.targets
-                    )
-                    and isinstance(node.value, ast.Call)
-                ):
-                    r = self.resolve_expr(c.module, node.value.func)
-                    if r is not None and r.kind == "class":
-                        return r
-        return None
+def _class_field_flags(cls: Found) -> tuple[bool, bool]:
+    """(every field keyword-only: ``kw_only=True`` on the decorator or the class, ``total`` of a TypedDict)."""
+    kw_all, total = False, True
+    for d in cls.node.decorator_list:
+        if isinstance(d, ast.Call):
+            for k in d.keywords:
+                if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
+                    kw_all = True
+    for k in cls.node.keywords:
+        if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
+            kw_all = True
+        if k.arg == "total" and isinstance(k.value, ast.Constant) and k.value.value is False:
+            total = False
+    return kw_all, total
+
+
+def _field_options(value: ast.expr | None, kw_mode: bool) -> tuple[bool, bool, bool]:
+    """(required, in ``__init__``, keyword-only) of a field whose default is ``value`` (None: no default);
+    a ``field(...)``/``Field(...)`` call is read for ``default``/``default_factory``/``init``/``kw_only``."""
+    required, init, kw_only = True, True, kw_mode
+    if value is None:
+        return required, init, kw_only
+    required = False
+    if isinstance(value, ast.Call) and _dotted(value.func) in _FIELD_FUNCS | {
+        n.split(".")[-1] for n in _FIELD_FUNCS
+    }:
+        kws = {k.arg: k.value for k in value.keywords if k.arg}
+        required = "default" not in kws and "default_factory" not in kws
+        if value.args and not (isinstance(value.args[0], ast.Constant) and value.args[0].value is Ellipsis):
+            required = False
+        init_kw = kws.get("init")
+        if isinstance(init_kw, ast.Constant) and init_kw.value is False:
+            init = False
+        kwo = kws.get("kw_only")
+        if isinstance(kwo, ast.Constant) and kwo.value:
+            kw_only = True
+    return required, init, kw_only
+
+
+# ---------------------------------------------------------------------------------------------
+# instance attributes read from source
+# ---------------------------------------------------------------------------------------------
+def instance_attributes(tree: SourceTree, cls: Found) -> set[str] | None:
+    """Names readable on instances of ``cls`` (None when ``__getattr__`` makes them dynamic)."""
+    names: set[str] = set()
+    for c in tree.mro(cls)[0]:
+        for s in c.node.body:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if s.name == "__getattr__":
+                    return None
+                names.add(s.name)
+            elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
+                names.add(s.target.id)
+            elif isinstance(s, ast.Assign):
+                names |= {t.id for t in s.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(c.node):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                names.add(node.attr)
+    return names
+
+
+def attribute_class(tree: SourceTree, cls: Found, attr: str) -> Found | None:
+    """The class of ``self.<attr>`` when it is assigned ``SomeClass(...)`` in the class source."""
+    for c in tree.mro(cls)[0]:
+        for node in ast.walk(c.node):
+            if (
+                isinstance(node, ast.Assign)
+                and any(
+                    isinstance(t, ast.Attribute)
+                    and t.attr == attr
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                    for t in node.targets
+                )
+                and isinstance(node.value, ast.Call)
+            ):
+                r = tree.resolve_expr(c.module, node.value.func)
+                if r is not None and r.kind == "class":
+                    return r
+    return None
 
 
 def _params_text(params: Sequence[Param]) -> str:

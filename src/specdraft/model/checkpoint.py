@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft.fileio import tmp_path
 from specdraft.model.draft import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, Eagle3Draft
 
 STATE_FILE = "train_state.pt"  # optimizer, schedule, RNG and data position of a training checkpoint
@@ -29,7 +30,7 @@ def save_draft(draft: Eagle3Draft, path: str | Path, extra: dict | None = None) 
     from specdraft import __version__
 
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = tmp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}

@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft model (arXiv 2503.01840) as vLLM serves it, its KV cache, vocabulary map and files.
+"""The EAGLE-3 draft model (arXiv 2503.01840) as vLLM serves it, its KV cache, vocabulary map and file names.
 
 One forward step of the draft, for tokens at positions p with input token ids x and an input hidden
 state h (the fused target features `fc(cat(aux_1, aux_2, aux_3))` on the first step, the draft's own
@@ -247,8 +247,7 @@ class DraftKVCache:
     """Keys and values of the draft's single attention layer: (B, kv_heads, S, head_dim) each.
 
     Keys are stored after rotary embedding. `crop(n)` rolls back to the first n positions (rejected
-    draft tokens); `reorder(index)` picks batch rows (beams); `select(index)` keeps chosen positions per
-    row (the accepted path of a tree) in the given order.
+    draft tokens).
     """
 
     def __init__(self) -> None:
@@ -257,10 +256,6 @@ class DraftKVCache:
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
-
-    @property
-    def length(self) -> int:
-        return len(self)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add T new positions; returns the full keys and values (B, kv_heads, S + T, d)."""
@@ -277,23 +272,6 @@ class DraftKVCache:
         assert 0 <= n <= len(self), f"cannot crop a cache of {len(self)} positions to {n}"
         if self.k is not None:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (B',) in that order."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-
-    def select(self, index: torch.Tensor) -> None:
-        """Keep positions `index` ((S',) for every row, or (B, S') per row) in that order."""
-        if self.k is None:
-            return
-        if index.dim() == 1:
-            self.k, self.v = self.k.index_select(2, index), self.v.index_select(2, index)
-        else:
-            gather = index[:, None, :, None].expand(
-                -1, self.k.shape[1], -1, self.k.shape[3]
-            )  # (B, kvh, S', d)
-            self.k, self.v = self.k.gather(2, gather), self.v.gather(2, gather)
 
 
 class DraftAttention(nn.Module):
@@ -485,9 +463,6 @@ class Eagle3Draft(nn.Module):
         """Map draft-vocabulary ids (any shape) to target ids."""
         return draft_ids + self.d2t[draft_ids]
 
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
 
 def build_draft(
     target,
@@ -534,13 +509,8 @@ def build_draft(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# files
+# cost
 # ---------------------------------------------------------------------------------------------------------
-
-
-def param_count(draft: Eagle3Draft, trainable_only: bool = True) -> int:
-    """Number of (trainable) parameters."""
-    return sum(p.numel() for p in draft.parameters() if p.requires_grad or not trainable_only)
 
 
 def flops_per_token(cfg: DraftConfig, ttt_steps: int) -> float:
