@@ -271,3 +271,19 @@ def test_lossless_on_all_mtbench_first_turns(tmp_path):
     assert rep["settings"]["prompts"] == 80
     assert d["lossless"]["ok"], d["lossless"]["divergences"]
     assert d["tau"] > 1.02, "the draft accepted (almost) nothing: the check did not exercise acceptance"
+
+
+def test_eval_vllm_options_are_checked_before_anything_loads():
+    from specdraft.eval.command import _engine_kwargs, evaluate
+
+    with pytest.raises(ValueError, match="vLLM options: add --engine vllm"):
+        evaluate(["untrained"], tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        _engine_kwargs(1, "{max_num_seqs: 8}")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        _engine_kwargs(1, "[1, 2]")
+    with pytest.raises(ValueError, match="with --tensor-parallel-size"):
+        _engine_kwargs(1, '{"tensor_parallel_size": 2}')
+    with pytest.raises(ValueError, match="at least 1"):
+        _engine_kwargs(0, "")
+    assert _engine_kwargs(1, "") == {}

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import needs_vllm
 from torch import nn
 
 from specdraft.engine.vllm_rpc import load_blob, rank_zero_reply
@@ -407,3 +408,12 @@ def test_parity_refuses_a_capture_of_several_requests():
     model["positions"] = torch.tensor([0, 1, 2, 0, 1, 2, 3])  # two requests batched in one call
     with pytest.raises(ValueError, match="one prompt at a time"):
         drafter_parity(draft, capture)
+
+
+@needs_vllm
+def test_eval_engine_args_are_bound_to_the_installed_vllm():
+    from specdraft.eval.command import _engine_kwargs
+
+    assert _engine_kwargs(2, '{"max_num_seqs": 8}') == {"max_num_seqs": 8, "tensor_parallel_size": 2}
+    with pytest.raises(ValueError, match="max_num_seq.*did you mean"):
+        _engine_kwargs(1, '{"max_num_seq": 8}')

@@ -37,6 +37,9 @@ def evaluate(
     progress: bool = True,
     threads: int = 0,
     engine: str = "hf",
+    tensor_parallel_size: int = 1,
+    engine_args: str = "",
+    trust_remote_code: bool = False,
 ) -> int:
     """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
 
@@ -67,15 +70,21 @@ def evaluate(
         threads: torch CPU threads (0 = torch's default; 1 is steadier on a busy machine).
         engine: `hf` (the reference decoder here) or `vllm` (vLLM speculative decoding of the exported draft,
             its spec-decode counters next to the reference decoder's figures; chain drafting, T=0).
+        tensor_parallel_size: vLLM: GPUs the target is split over (the reference decoder runs unsplit).
+        engine_args: vLLM: a JSON object of further `LLM(...)` options, checked before anything loads.
+        trust_remote_code: allow model code shipped with the target.
     """
     if engine == "vllm":
-        return _evaluate_with_vllm(
-            draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed
-        )
+        engine_kwargs = _engine_kwargs(tensor_parallel_size, engine_args)
+        return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
+                                   trust_remote_code, engine_kwargs)  # fmt: skip
     if engine != "hf":
         raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
+    if tensor_parallel_size != 1 or engine_args:
+        raise ValueError("--tensor-parallel-size and --engine-args are vLLM options: add --engine vllm")
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
-                             budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads)  # fmt: skip
+                             budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
+                             trust_remote_code)  # fmt: skip
     for line in summary_lines(report):
         print(line)
     print(f"report: {Path(out) / REPORT_FILE}; plots: {', '.join(report['plots'])}")
@@ -89,7 +98,7 @@ def evaluate(
 
 def _evaluate_with_vllm(
     draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
-    dtype: str, out: str, seed: int,
+    dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict,
 ) -> int:  # fmt: skip
     """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
     from specdraft.eval.serving import evaluate_vllm
@@ -115,7 +124,30 @@ def _evaluate_with_vllm(
             "--engine vllm: pass either training outputs (compared with the reference decoder) or exports"
         )
     report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
-                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out)  # fmt: skip
+                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out,
+                           trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)  # fmt: skip
     for line in summary_lines(report):
         print(line)
     return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0
+
+
+def _engine_kwargs(tensor_parallel_size: int, engine_args: str) -> dict:
+    """vLLM options from the command line, checked against the installed vLLM before anything loads."""
+    from specdraft.capture.vllm import check_engine_args
+
+    if tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be at least 1, not {tensor_parallel_size}")
+    try:
+        user = json.loads(engine_args) if engine_args else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"--engine-args is not valid JSON ({e}): give an object, e.g. '{{\"max_num_seqs\": 8}}'"
+        ) from None
+    if not isinstance(user, dict):
+        raise ValueError(
+            f"--engine-args must be a JSON object of LLM(...) options, not {type(user).__name__}"
+        )
+    if "tensor_parallel_size" in user:
+        raise ValueError("give the tensor-parallel size with --tensor-parallel-size, not in --engine-args")
+    checked = check_engine_args(user)
+    return {**checked, "tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else checked

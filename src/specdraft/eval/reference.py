@@ -244,6 +244,7 @@ def evaluate_report(
     seed: int = 0,
     progress: bool = True,
     threads: int = 0,
+    trust_remote_code: bool = False,
 ) -> dict:
     """`specdraft eval --engine hf` returning the report dict (for quickstart and the vLLM comparison);
     the arguments of `specdraft.eval.command.evaluate`."""
@@ -259,7 +260,7 @@ def evaluate_report(
     torch.manual_seed(seed)
     plist = load_prompts(prompts, max_prompts)
     t0 = time.time()
-    tgt = load_target(target, device=device, dtype=dtype)
+    tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     drafts = {}
     for spec in draft:
         name = spec if spec == UNTRAINED else str(Path(spec))
