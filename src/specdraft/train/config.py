@@ -23,6 +23,7 @@ class TrainConfig:
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
+    oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
     epochs: int = 1  # passes over the training split
     max_steps: int = 0  # stop after this many optimizer steps (0 = run all epochs)
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
@@ -44,7 +45,9 @@ class TrainConfig:
     device: str = "cpu"  # cpu, cuda (under torchrun: cuda:LOCAL_RANK)
     dtype: str = ""  # compute dtype: float32 or bfloat16 (autocast); default float32 on CPU, bfloat16 on CUDA
     fsdp: bool = False  # shard the draft with FSDP2 fully_shard instead of DDP (distributed runs)
+    attention_chunk: int = 1 << 25  # TTT attention: causal scores held at a time (elements; memory, not math)
     checkpoint_head: bool = True  # recompute lm_head + loss in backward (saves K x tokens x Vd activations)
+    checkpoint_layer: bool = False  # recompute each TTT step's layer in backward (long samples)
     prefetch: bool = True  # load the next batch from the shards in a background thread
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
     progress: bool = True  # show a progress bar
@@ -53,7 +56,7 @@ class TrainConfig:
         """Every user error in these settings (empty when all is well)."""
         errs = []
         for name in ("ttt_steps", "epochs", "max_tokens", "max_length", "draft_vocab_size", "log_every",
-                     "checkpoint_every", "keep_checkpoints"):  # fmt: skip
+                     "checkpoint_every", "keep_checkpoints", "attention_chunk"):  # fmt: skip
             if getattr(self, name) < 1:
                 errs.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         for name in ("max_steps", "max_samples", "val_every", "weight_decay", "grad_clip"):
@@ -85,4 +88,4 @@ class TrainConfig:
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
-                "val_every", "prefetch", "device", "max_steps", "target"}  # fmt: skip
+                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer"}  # fmt: skip

@@ -36,7 +36,7 @@ from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, b
 from specdraft.train.metrics import MetricsLog
 from specdraft.train.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup
-from specdraft.train.ttt import TeacherHead, TTTModel, step_token_counts
+from specdraft.train.ttt import TeacherHead, TTTModel, keep_mask, step_token_counts
 
 
 class NonFiniteError(ValueError):
@@ -153,7 +153,8 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     )
     st = _setup(shards, cfg, device)
     batches0, per_epoch, total, val_batches = _plan(st, cfg, world)
-    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, cfg.checkpoint_head)
+    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, cfg.checkpoint_head, cfg.attention_chunk,
+                     cfg.checkpoint_layer)  # fmt: skip
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -217,12 +218,38 @@ def _advance(run: _Run, cur: _Cursor) -> _Cursor:
     return _Cursor(cur.step + 1, cur.epoch + 1, 0, _epoch_plan(run, cur.epoch + 1))
 
 
-def _forward(run: _Run, b: Batch, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher log-probs, then the K-step TTT unroll: this rank's loss, KL sums (K,), agreement sums (K,)."""
-    with torch.no_grad(), run.amp():
-        logp = F.log_softmax(run.st.teacher(b.final), dim=-1)  # (B, T, Vd) teacher log-probs, fp32
+@dataclass
+class _Teacher:
+    """The teacher of one batch and its per-TTT-step token counts (this rank's, or global after `_all_sum`)."""
+
+    logp: torch.Tensor  # (B, T, Vd) log-softmax over the draft vocabulary, fp32
+    top: torch.Tensor  # (B, T) draft index of the full-vocabulary argmax, -1 outside the draft vocabulary
+    kl_mask: torch.Tensor  # (B, T) the loss mask, less the out-of-vocabulary positions with --oov-mask
+    counts: torch.Tensor  # (3, K): loss-masked tokens (accuracy), KL tokens, out-of-vocabulary tokens
+
+
+def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp) -> _Teacher:
+    """Teacher log-probs, full-vocabulary argmax, the KL mask (EAGLE-3's `t2d[argmax]` with --oov-mask), counts."""
+    K = cfg.ttt_steps
+    with torch.no_grad(), amp():
+        logits, top = teacher(b.final)  # (B, T, Vd), (B, T)
+        logp = F.log_softmax(logits, dim=-1)  # (B, T, Vd) fp32
+    in_vocab = keep_mask(b.loss_mask, top, True)  # (B, T) loss positions whose target argmax is in Vd
+    kl_mask = keep_mask(b.loss_mask, top, cfg.oov_mask)  # (B, T)
+    n_loss = step_token_counts(b.loss_mask, K)  # (K,)
+    counts = torch.stack(
+        [n_loss, step_token_counts(kl_mask, K), n_loss - step_token_counts(in_vocab, K)]
+    )  # (3, K)
+    return _Teacher(logp, top, kl_mask, counts.float())
+
+
+def _forward(
+    run: _Run, b: Batch, t: _Teacher, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K-step TTT unroll: this rank's loss, KL sums (K,), agreement sums (K,); counts (3, K) global."""
     with run.amp():
-        return run.wrapped(b.input_ids, b.aux, logp, b.loss_mask, counts.clamp(min=1) / run.world)
+        return run.wrapped(b.input_ids, b.aux, t.logp, t.top, b.loss_mask, t.kl_mask,
+                           counts[1].clamp(min=1) / run.world)  # fmt: skip
 
 
 def _where(cur: _Cursor, sids: list[int]) -> str:
@@ -257,16 +284,23 @@ def _backward_step(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int],
 def _train_record(
     run: _Run, step: int, kl_s, agree_s, counts: torch.Tensor, gnorm: float, tokens: int, meter: _Meter
 ) -> dict:
-    """The metrics record of `step`: global per-TTT-step KL and accuracy, loss, lr, tokens/s, data share."""
-    cfg, K = run.cfg, run.cfg.ttt_steps
+    """The metrics record of `step`: global per-TTT-step KL, accuracy (against the full-vocabulary argmax)
+    and out-of-vocabulary share, loss, lr, tokens/s, data share. counts (3, K) global."""
     kl_g, ag_g = _all_sum(kl_s.float()), _all_sum(agree_s.float())  # (K,) global sums
-    c = counts.clamp(min=1)
-    acc = (ag_g / c).tolist()
     dt = time.time() - meter.t_log
     return {"split": "train", "step": step, "epoch": round(step / run.per_epoch, 4),
-            "loss": float(sum(cfg.decay**i * kl_g[i] / c[i] for i in range(K))), "kl": (kl_g / c).tolist(),
-            "acc": acc, "lr": run.scheduler.get_last_lr()[0], "grad_norm": gnorm, "tokens": tokens,
+            **_step_means(kl_g, ag_g, counts, run.cfg.decay), "lr": run.scheduler.get_last_lr()[0],
+            "grad_norm": gnorm, "tokens": tokens,
             "tokens_per_s": meter.tokens / max(dt, 1e-9), "data_share": meter.data_time / max(meter.step_time, 1e-9)}  # fmt: skip
+
+
+def _step_means(kl: torch.Tensor, agree: torch.Tensor, counts: torch.Tensor, decay: float) -> dict:
+    """loss, kl_i (per KL token), acc_i (per loss token, full-vocabulary argmax), oov_share_i; sums (K,), counts (3, K)."""
+    n_loss, n_kl = counts[:2].float().cpu().clamp(min=1)  # (K,) each
+    kl_mean = kl.float().cpu() / n_kl  # (K,)
+    w = torch.tensor([decay**i for i in range(kl.shape[0])])  # (K,)
+    return {"loss": float((w * kl_mean).sum()), "kl": kl_mean.tolist(), "acc": (agree.float().cpu() / n_loss).tolist(),
+            "oov_share": (counts[2].float().cpu() / n_loss).tolist()}  # fmt: skip
 
 
 def _postfix(rec: dict) -> str:
@@ -291,24 +325,21 @@ def _evaluate(
     rank,
     world,
 ) -> dict:
-    """Validation: global masked-token means of the loss and per-step accuracy over the val batches."""
+    """Validation: global means of the loss, per-step accuracy and out-of-vocabulary share over the val batches."""
     K = cfg.ttt_steps
-    kl, agree, cnt = torch.zeros(K), torch.zeros(K), torch.zeros(K)  # (K,) sums over this rank's rows
+    kl, agree, cnt = torch.zeros(K), torch.zeros(K), torch.zeros(3, K)  # sums over this rank's rows
     with torch.no_grad():
         for sids in batches:
             b = _to_device(load_rows(source, sids, rank, world, cfg.max_length), device)
-            counts = step_token_counts(b.loss_mask, K).float().cpu()  # (K,)
+            t = _teacher(teacher, b, cfg, amp)
             with amp():
-                logp = F.log_softmax(teacher(b.final), dim=-1)  # (B, T, Vd)
-                _, k_s, a_s = model(b.input_ids, b.aux, logp, b.loss_mask, torch.ones(K, device=device))
+                _, k_s, a_s = model(b.input_ids, b.aux, t.logp, t.top, b.loss_mask, t.kl_mask,
+                                    torch.ones(K, device=device))  # fmt: skip
             kl += k_s.float().cpu()
             agree += a_s.float().cpu()
-            cnt += counts
+            cnt += t.counts.cpu()
     kl, agree, cnt = _all_sum(kl), _all_sum(agree), _all_sum(cnt)
-    per = kl / cnt.clamp(min=1)
-    w = torch.tensor([cfg.decay**i for i in range(K)])
-    return {"loss": float((w * per).sum()), "kl": per.tolist(), "acc": (agree / cnt.clamp(min=1)).tolist(),
-            "tokens": int(cnt[0])}  # fmt: skip
+    return {**_step_means(kl, agree, cnt, cfg.decay), "tokens": int(cnt[0, 0])}
 
 
 def _validate(run: _Run, log: MetricsLog, step: int) -> dict | None:
@@ -368,7 +399,6 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
 
     # --- setup: processes, data, draft, teacher, optimizer, schedule ----------------------------------------
     run = _build(shards, out_dir, cfg)
-    K = cfg.ttt_steps
 
     # --- resume: model, optimizer, scheduler, RNG; the data position follows from the step ------------------
     start = _resume(run, ckpt) if cfg.resume else 0
@@ -401,13 +431,16 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
             if pool and nxt.step < run.total:
                 pending = pool.submit(_load, run, nxt.plan[nxt.idx])
             b = _to_device(b, run.device)
-            # (K,) global masked tokens per TTT step
-            counts = _all_sum(step_token_counts(b.loss_mask, K).float())
             tokens = int(_all_sum(torch.tensor(float(b.tokens))).item())
             t_data = time.time() - t0
 
-            # forward: teacher distribution, then the K-step TTT unroll
-            loss, kl_s, agree_s = _forward(run, b, counts)
+            # teacher: draft-vocabulary log-probs, full-vocabulary argmax, (3, K) global token counts per
+            # TTT step (loss-masked, kept for the KL, out of the draft vocabulary)
+            t = _teacher(run.st.teacher, b, cfg, run.amp)
+            counts = _all_sum(t.counts)
+
+            # forward: the K-step TTT unroll
+            loss, kl_s, agree_s = _forward(run, b, t, counts)
 
             # non-finite check before anything changes (all ranks agree, the last checkpoint stays intact)
             _check_loss(run, loss, cur, sids, last_ckpt)

@@ -1,4 +1,4 @@
-"""Training-time test (TTT): the draft unrolled K steps on target features, its attention mask, the loss.
+"""Training-time test (TTT): the draft unrolled K steps on target features, its attention, the teacher, the loss.
 
 Alignment (one sample of T tokens x_0 .. x_{T-1}; target features f_t = cat(aux_1, aux_2, aux_3) at
 position t, (T, 3H); the target's final hidden state z_t (id L, before the norm), (T, H)):
@@ -10,7 +10,9 @@ position t, (T, 3H); the target's final hidden state z_t (id L, before the norm)
         position         t + i                                                  (B, T)
         predicts         x_{t+2+i}
         teacher          softmax over the draft vocabulary of lm_head(norm(z_{t+1+i}))[t2d]    (B, T, Vd)
+        target top-1     argmax over the FULL vocabulary of lm_head(norm(z_{t+1+i}))        (B, T)
         loss mask        loss_mask[t+2+i] (0 where t+2+i >= T)                 (B, T)
+        KL mask          loss mask * t2d[target top-1] (oov_mask, EAGLE-3's default), else the loss mask
         attention keys   step-0 keys at slots 0..t (causal prefix over target-feature keys) and, for
                          each earlier step j in 1..i, only step j's key at slot t (the same position)
 
@@ -18,8 +20,13 @@ position t, (T, 3H); the target's final hidden state z_t (id L, before the norm)
     first step sees features of 0..p with tokens x_1..x_{p+1} (cache of step-0 keys), and its j-th next
     step feeds its own hidden state at position p+j, attending to that cache plus its own earlier keys.
 
-    loss = sum_i decay**i * KL(teacher_i || draft_i), each averaged over the loss-masked tokens of the
-    whole global batch (all ranks); acc_i = share of those tokens where argmax draft == argmax teacher.
+    Attention (`ttt_attention`): the causal scores over the step-0 keys (chunked, never (T, T) at once) and
+    the i diagonal scores are merged in one softmax by their log-sum-exps; no (T, (i+1) T) mask is built.
+
+    loss = sum_i decay**i * KL(teacher_i || draft_i), each averaged over the KL-masked tokens of the whole
+    global batch (all ranks); acc_i = share of the loss-masked tokens where the draft's top-1, mapped to a
+    target id, equals the target's full-vocabulary top-1 (an out-of-vocabulary target is always a miss);
+    oov_share_i = share of the loss-masked tokens whose target top-1 is outside the draft vocabulary.
 
 Shapes: B rows, T tokens, H the target's hidden size, Vd the draft vocabulary, K the TTT steps.
 """
@@ -33,16 +40,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
-from specdraft.model.draft import DraftKVCache, Eagle3Draft
+from specdraft.model.draft import Eagle3Draft, apply_rotary
 
 
 class TeacherHead(nn.Module):
-    """The target's frozen final norm + lm_head rows of the draft vocabulary: z (.., H) -> logits (.., Vd).
+    """The target's frozen final norm + lm_head: z (B, T, H) -> draft-vocabulary logits and the full argmax.
 
-    Equal to `target.logits_from_final(z)[..., t2d]` but never materialises the full vocabulary.
+    The logits over the draft vocabulary equal `target.logits_from_final(z)[..., t2d]`; the full-vocabulary
+    logits are computed `chunk_tokens` positions at a time, only for their argmax (never all of (B, T, V)).
     """
 
-    def __init__(self, target, t2d: torch.Tensor):
+    def __init__(self, target, t2d: torch.Tensor, chunk_elems: int = 1 << 26):
         super().__init__()
         self.norm = copy.deepcopy(target.norm).requires_grad_(False)
         head = target.lm_head
@@ -51,28 +59,196 @@ class TeacherHead(nn.Module):
                 f"the target's lm_head is a {type(head).__name__}, not a Linear: not supported yet"
             )
         keep = t2d.to(head.weight.device)
-        self.register_buffer("weight", head.weight.detach()[keep].clone())  # (Vd, H)
-        self.register_buffer("bias", None if head.bias is None else head.bias.detach()[keep].clone())
+        assert keep.shape[0] == head.weight.shape[0], (
+            f"t2d covers {keep.shape[0]} ids, lm_head {head.weight.shape[0]}"
+        )
+        self.register_buffer(
+            "weight", head.weight.detach(), persistent=False
+        )  # (V, H), shared with the target
+        self.register_buffer(
+            "bias", None if head.bias is None else head.bias.detach(), persistent=False
+        )  # (V,)
+        self.register_buffer("keep", keep.clone(), persistent=False)  # (V,) bool: t2d
+        self.register_buffer("draft_index", torch.cumsum(keep.long(), 0) - 1, persistent=False)  # (V,)
         self.softcap = target.logit_softcap
+        self.chunk_elems = chunk_elems
 
     @torch.no_grad()
-    def forward(self, final: torch.Tensor) -> torch.Tensor:
-        z = self.norm(final.to(self.weight.dtype))  # (B, T, H)
-        logits = F.linear(z, self.weight, self.bias).float()  # (B, T, Vd)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+    def forward(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """final (B, T, H) -> (logits over the draft vocabulary (B, T, Vd) fp32, top (B, T) long).
+
+        `top` is the draft index of the full-vocabulary argmax (first maximum, as torch.argmax), -1 where
+        that argmax is outside the draft vocabulary.
+        """
+        B, T, H = final.shape
+        z = self.norm(final.to(self.weight.dtype)).reshape(B * T, H)  # (B, T, H) -> (BT, H)
+        step = max(1, self.chunk_elems // self.weight.shape[0])
+        logits, tops = [], []
+        for s in range(0, B * T, step):
+            full = F.linear(z[s : s + step], self.weight, self.bias).float()  # (n, V)
+            if self.softcap:
+                full = torch.tanh(full / self.softcap) * self.softcap
+            top = full.argmax(-1)  # (n,) target ids
+            tops.append(torch.where(self.keep[top], self.draft_index[top], -1))  # (n,)
+            logits.append(full[:, self.keep])  # (n, Vd)
+        return torch.cat(logits).view(B, T, -1), torch.cat(tops).view(B, T)  # (B, T, Vd), (B, T)
 
 
-def ttt_mask(T: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Attention mask of TTT step `step` over [step-0 keys | step-1 keys | ... | step-`step` keys].
+# ---------------------------------------------------------------------------------------------------------
+# TTT attention: causal over the step-0 keys + the diagonal keys of later steps, merged in one softmax
+# ---------------------------------------------------------------------------------------------------------
 
-    Returns bool (1, 1, T, (step + 1) * T), True = attend: a causal block over the step-0 keys (target
-    features), then one diagonal block (same slot only) for each later step.
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in the softmax's precision: fp32, or fp64 when x is fp64."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _chunk_scores(q_c, k_b, a: int, scale: float) -> torch.Tensor:
+    """Causal fp32 scores of query rows a .. a+C-1 over keys 0 .. b-1 (b = a + C), -inf above the diagonal.
+
+    q_c (B, kvh, g, C, d), k_b (B, kvh, 1, b, d) -> (B, kvh, g, C, b).
     """
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
-    eye = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
-    return torch.cat([causal] + [eye] * step, dim=1)[None, None]  # (1, 1, T, (step+1) T)
+    C, b = q_c.shape[-2], k_b.shape[-2]
+    s = _wide(torch.matmul(q_c, k_b.transpose(-1, -2))) * scale  # (B, kvh, g, C, b)
+    above = (
+        torch.arange(b, device=s.device)[None] > torch.arange(a, a + C, device=s.device)[:, None]
+    )  # (C, b)
+    return s.masked_fill(above, float("-inf"))
+
+
+class _CausalLSE(torch.autograd.Function):
+    """Causal attention of q over k, v and its log-sum-exp, `rows` query rows at a time (flash-style).
+
+    Nothing of size T x T is ever held: the forward keeps (out, lse), the backward recomputes each chunk's
+    probabilities. The gradient includes the lse output's (dS = P * (dP - rowsum(dO * out) + dlse)).
+    q (B, kvh, g, T, d) (query heads grouped by their kv head), k, v (B, kvh, 1, T, d) ->
+    out (B, kvh, g, T, d), lse (B, kvh, g, T) fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale: float, rows: int):
+        T = q.shape[-2]
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_wide(q).dtype)
+        for a in range(0, T, rows):
+            b = min(a + rows, T)
+            s = _chunk_scores(q[..., a:b, :], k[..., :b, :], a, scale)  # (B, kvh, g, C, b)
+            lse[..., a:b] = torch.logsumexp(s, -1)  # (B, kvh, g, C)
+            p = torch.exp(s - lse[..., a:b, None])  # (B, kvh, g, C, b)
+            out[..., a:b, :] = torch.matmul(p.to(v.dtype), v[..., :b, :])  # (B, kvh, g, C, d)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.rows = scale, rows
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, rows, T = ctx.scale, ctx.rows, q.shape[-2]
+        dq = torch.empty_like(q)
+        dk, dv = torch.zeros_like(_wide(k)), torch.zeros_like(_wide(v))
+        delta = (_wide(d_out) * _wide(out)).sum(-1) - d_lse  # (B, kvh, g, T)
+        for a in range(0, T, rows):
+            b = min(a + rows, T)
+            q_c, k_b, v_b, do_c = q[..., a:b, :], k[..., :b, :], v[..., :b, :], d_out[..., a:b, :]
+            p = torch.exp(_chunk_scores(q_c, k_b, a, scale) - lse[..., a:b, None])  # (B, kvh, g, C, b)
+            dp = _wide(torch.matmul(do_c, v_b.transpose(-1, -2)))  # (B, kvh, g, C, b)
+            ds = p * (dp - delta[..., a:b, None]) * scale  # (B, kvh, g, C, b)
+            dq[..., a:b, :] = torch.matmul(ds.to(k.dtype), k_b)  # (B, kvh, g, C, d)
+            # keys and values are shared by the g query heads of a group: sum over g
+            dk[..., :b, :] += _wide(torch.matmul(ds.transpose(-1, -2).to(q.dtype), q_c)).sum(2, keepdim=True)
+            dv[..., :b, :] += _wide(torch.matmul(p.transpose(-1, -2).to(do_c.dtype), do_c)).sum(
+                2, keepdim=True
+            )
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def ttt_attention(q: torch.Tensor, keys: list, chunk_elems: int = 1 << 25) -> torch.Tensor:
+    """Attention of TTT step i = len(keys) - 1 without a (T, (i+1) T) mask.
+
+    q (B, nh, T, d): step i's queries; keys [(k_j, v_j)] of steps 0..i, each (B, nkv, T, d) (GQA: query
+    head h reads kv head h // (nh / nkv), as the draft's repeat_interleave). Slot t attends to step-0 keys
+    0..t (causal, chunked: about `chunk_elems` scores at a time) and to step j's key at slot t for
+    j = 1..i; the two parts are merged in one softmax by their log-sum-exps. Returns (B, nh, T, d).
+    """
+    B, nh, T, d = q.shape
+    nkv = keys[0][0].shape[1]
+    assert nh % nkv == 0 and all(k.shape == (B, nkv, T, d) for k, _ in keys), (q.shape, keys[0][0].shape)
+    g, scale = nh // nkv, d**-0.5
+    q5 = q.reshape(B, nkv, g, T, d)  # (B, nh, T, d) -> (B, nkv, g, T, d): heads grouped by kv head
+    k0, v0 = keys[0]
+    rows = max(1, chunk_elems // max(1, B * nh * T))
+    out0, lse0 = _CausalLSE.apply(q5, k0[:, :, None], v0[:, :, None], scale, rows)  # (B, nkv, g, T, d|)
+    if len(keys) == 1:
+        return out0.reshape(B, nh, T, d)  # (B, nkv, g, T, d) -> (B, nh, T, d)
+    kd = torch.stack([k for k, _ in keys[1:]], dim=3)  # (B, nkv, T, i, d): step j's key at slot t
+    vd = torch.stack([v for _, v in keys[1:]], dim=3)  # (B, nkv, T, i, d)
+    sd = _wide(torch.einsum("bkgtd,bktjd->bkgtj", q5, kd)) * scale  # (B, nkv, g, T, i) diagonal scores
+    lse = torch.logsumexp(
+        torch.cat([lse0[..., None], sd], dim=-1), dim=-1
+    )  # (B, nkv, g, T, 1 + i) -> (.., T)
+    w0 = torch.exp(lse0 - lse)[..., None]  # (B, nkv, g, T, 1): the causal part's share
+    wd = torch.exp(sd - lse[..., None])  # (B, nkv, g, T, i)
+    out = w0 * _wide(out0) + torch.einsum("bkgtj,bktjd->bkgtd", wd, _wide(vd))  # (B, nkv, g, T, d)
+    return out.to(q.dtype).reshape(B, nh, T, d)  # (B, nkv, g, T, d) -> (B, nh, T, d)
+
+
+def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: int) -> tuple:
+    """The draft's forward (`Eagle3Draft.forward`, compute_logits=False) with `ttt_attention`.
+
+    ids (B, T), hidden (B, T, H), pos (B, T), past: the (k, v) of the earlier steps. Returns hidden_out
+    (B, T, H) and this step's k, v (B, nkv, T, d). Equal to the draft's own forward with a `DraftKVCache`
+    (tests/test_ttt.py).
+    """
+    layer, attn, cfg = draft.midlayer, draft.midlayer.self_attn, draft.cfg
+    B, T = ids.shape
+    d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    embeds = draft.embed_tokens(ids)  # (B, T, H)
+    cos, sin = draft.rotary(pos, embeds.dtype)  # (B, 1, T, d) each
+    hidden = hidden.to(embeds.dtype)
+    e, g = layer.input_layernorm(embeds), layer.hidden_norm(hidden)  # (B, T, H) each
+    residual = g if layer.norm_before_residual else hidden
+    x = torch.cat([e, g], dim=-1)  # (B, T, 2H): embedding first, as the draft concatenates
+    q = attn.q_proj(x).view(B, T, nh, d).transpose(1, 2)  # (B, nh, T, d)
+    k = attn.k_proj(x).view(B, T, nkv, d).transpose(1, 2)  # (B, nkv, T, d)
+    v = attn.v_proj(x).view(B, T, nkv, d).transpose(1, 2)  # (B, nkv, T, d)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    a = ttt_attention(q, [*past, (k, v)], chunk_elems).transpose(1, 2).reshape(B, T, nh * d)  # (B, T, nh*d)
+    residual = residual + attn.o_proj(a)  # (B, T, H)
+    return residual + layer.mlp(layer.post_attention_layernorm(residual)), k, v  # (B, T, H)
+
+
+def ttt_unroll(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    aux: torch.Tensor,
+    ttt_steps: int,
+    chunk_elems: int = 1 << 25,
+    checkpoint_layer: bool = False,
+):
+    """Yield the draft's hidden_out (B, T, H) of TTT steps 0 .. K-1 (alignment in the module docstring).
+
+    Step i: tokens shifted by 1 + i, positions + i, input hidden = step i-1's output (fused features for
+    step 0); attention by `ttt_attention` over the keys of steps 0..i. With `checkpoint_layer` (and
+    gradients on) each step's layer is recomputed in backward: autograd keeps per step only its input
+    hidden state and k, v instead of all of its activations.
+    """
+    B, T = input_ids.shape
+    ids = F.pad(input_ids, (0, ttt_steps + 1))  # (B, T + K + 1)
+    pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
+    h = draft.fuse(aux)  # (B, T, 3H) -> (B, T, H)
+    keys: list = []
+    ck = checkpoint_layer and torch.is_grad_enabled()
+    for i in range(ttt_steps):
+        ids_i = ids[:, 1 + i : 1 + i + T]  # (B, T): shifted by 1 + i, token x_{t+1+i} at slot t
+        args = (draft, ids_i, h, pos + i, tuple(keys), chunk_elems)  # positions shifted by i
+        h, k, v = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
+        keys.append((k, v))  # (B, nkv, T, d) each
+        yield h  # (B, T, H)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the loss
+# ---------------------------------------------------------------------------------------------------------
 
 
 def _head_stats(
@@ -80,50 +256,48 @@ def _head_stats(
     h: torch.Tensor,
     teacher_logp: torch.Tensor,
     teacher_top: torch.Tensor,
-    mask: torch.Tensor,
+    kl_mask: torch.Tensor,
+    acc_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked sums of KL(teacher || draft) and of top-1 agreement for hidden_out h (B, n, H)."""
+    """Masked sums of KL(teacher || draft) (over kl_mask) and top-1 agreement (over acc_mask), h (B, n, H).
+
+    teacher_top (B, n) is the draft index of the full-vocabulary target argmax, -1 outside the draft
+    vocabulary (never agreed with).
+    """
     logq = F.log_softmax(draft.compute_logits(h).float(), dim=-1)  # (B, n, Vd)
     kl = (teacher_logp.exp() * (teacher_logp - logq)).sum(-1)  # (B, n)
     agree = (logq.argmax(-1) == teacher_top).float()  # (B, n)
-    return (kl * mask).sum(), (agree * mask).sum().detach()
-
-
-def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, ttt_steps: int):
-    """Yield the draft's hidden_out (B, T, H) of TTT steps 0 .. K-1 (alignment in the module docstring).
-
-    Step i: tokens shifted by 1 + i, positions + i, input hidden = step i-1's output (fused features for
-    step 0), keys = [step-0 keys | step-1 keys | ... | step-i keys] under `ttt_mask(T, i)`.
-    """
-    B, T = input_ids.shape
-    ids = F.pad(input_ids, (0, ttt_steps + 1))  # (B, T + K + 1)
-    pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
-    h = draft.fuse(aux)  # (B, T, 3H) -> (B, T, H)
-    cache = DraftKVCache()
-    for i in range(ttt_steps):
-        ids_i = ids[:, 1 + i : 1 + i + T]  # (B, T): shifted by 1 + i, token x_{t+1+i} at slot t
-        mask_i = None if i == 0 else ttt_mask(T, i, input_ids.device)  # (1, 1, T, (i+1) T); step 0: causal
-        pos_i = pos + i  # (B, T): positions shifted by i
-        h, _ = draft(ids_i, h, pos_i, mask_i, cache, compute_logits=False)  # (B, T, H)
-        yield h
+    return (kl * kl_mask).sum(), (agree * acc_mask).sum().detach()
 
 
 class TTTModel(nn.Module):
     """The draft unrolled K steps (training-time test); what DDP/FSDP wraps (one forward per optimizer step)."""
 
-    def __init__(self, draft: Eagle3Draft, ttt_steps: int, decay: float, checkpoint_head: bool = True):
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        ttt_steps: int,
+        decay: float,
+        checkpoint_head: bool = True,
+        chunk_elems: int = 1 << 25,
+        checkpoint_layer: bool = False,
+    ):
         super().__init__()
         self.draft = draft
         self.ttt_steps = ttt_steps
         self.decay = decay
         self.checkpoint_head = checkpoint_head
+        self.chunk_elems = chunk_elems
+        self.checkpoint_layer = checkpoint_layer
 
     def forward(
         self,
         input_ids: torch.Tensor,
         aux: torch.Tensor,
         teacher_logp: torch.Tensor,
+        teacher_top: torch.Tensor,
         loss_mask: torch.Tensor,
+        kl_mask: torch.Tensor,
         norm: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One global-batch share.
@@ -132,8 +306,10 @@ class TTTModel(nn.Module):
             input_ids: (B, T) token ids, right-padded.
             aux: (B, T, 3H) target aux features.
             teacher_logp: (B, T, Vd) log-softmax of the teacher at every position (position t predicts t+1).
-            loss_mask: (B, T) float, 0 on padding.
-            norm: (K,) the per-step divisor of the KL sums (global masked-token counts / world size).
+            teacher_top: (B, T) draft index of the full-vocabulary target argmax at t, -1 if outside.
+            loss_mask: (B, T) float over predicted tokens, 0 on padding: the accuracy's positions.
+            kl_mask: (B, T) float over predicted tokens: the KL's positions (`keep_mask`).
+            norm: (K,) the per-step divisor of the KL sums (global kl_mask counts / world size).
 
         Returns:
             loss (scalar), kl_sums (K,) and agree_sums (K,) of this rank, both detached.
@@ -141,18 +317,20 @@ class TTTModel(nn.Module):
         T = input_ids.shape[1]
         K = self.ttt_steps
         lmask = F.pad(loss_mask, (0, K + 2))  # (B, T + K + 2)
-        teacher_top = teacher_logp.argmax(-1)  # (B, T)
+        kmask = F.pad(kl_mask, (0, K + 2))  # (B, T + K + 2)
         loss = aux.new_zeros((), dtype=torch.float32)
         kl_sums, agree_sums = [], []
-        for i, h in enumerate(ttt_unroll(self.draft, input_ids, aux, K)):  # h: (B, T, H) of step i
+        for i, h in enumerate(
+            ttt_unroll(self.draft, input_ids, aux, K, self.chunk_elems, self.checkpoint_layer)
+        ):  # h: (B, T, H)
             n = T - 1 - i  # slots whose teacher position t+1+i exists
             if n <= 0:
                 kl_sums.append(loss.new_zeros(()))
                 agree_sums.append(loss.new_zeros(()))
                 continue
-            # slots 0..n-1; teacher shifted by 1 + i, loss mask by 2 + i (the predicted token x_{t+2+i})
+            # slots 0..n-1; teacher shifted by 1 + i, masks by 2 + i (the predicted token x_{t+2+i})
             args = (h[:, :n], teacher_logp[:, 1 + i : 1 + i + n], teacher_top[:, 1 + i : 1 + i + n],
-                    lmask[:, 2 + i : 2 + i + n])  # (B, n, H), (B, n, Vd), (B, n), (B, n)  # fmt: skip
+                    kmask[:, 2 + i : 2 + i + n], lmask[:, 2 + i : 2 + i + n])  # (B, n, H), (B, n, Vd), 3 x (B, n)  # fmt: skip
             if self.checkpoint_head and torch.is_grad_enabled():
                 kl, agree = grad_checkpoint(_head_stats, self.draft, *args, use_reentrant=False)
             else:
@@ -161,6 +339,18 @@ class TTTModel(nn.Module):
             kl_sums.append(kl.detach())
             agree_sums.append(agree)
         return loss, torch.stack(kl_sums), torch.stack(agree_sums)  # (), (K,), (K,)
+
+
+def keep_mask(loss_mask: torch.Tensor, teacher_top: torch.Tensor, oov_mask: bool) -> torch.Tensor:
+    """(B, T) float over predicted tokens: the loss mask, without (oov_mask) the out-of-vocabulary positions.
+
+    Token p is predicted from the teacher at p - 1: it is dropped when teacher_top[p - 1] is -1 (the
+    full-vocabulary target argmax is outside the draft vocabulary), as EAGLE-3 does (`t2d[argmax]`).
+    """
+    if not oov_mask:
+        return loss_mask
+    in_vocab = (teacher_top >= 0).to(loss_mask.dtype)  # (B, T) over teacher positions
+    return loss_mask * F.pad(in_vocab[:, :-1], (1, 0))  # (B, T): shifted by 1 onto the predicted token
 
 
 def step_token_counts(loss_mask: torch.Tensor, ttt_steps: int) -> torch.Tensor:
