@@ -6,6 +6,7 @@ import pytest
 from conftest import CHATML, LLAMA3, LLAMA3_GEN, build_tokenizer, write_jsonl
 
 from specdraft.data.prepare import (
+    LEADING_DROPPED,
     ReadReport,
     check_chat_template,
     load_dataset,
@@ -84,9 +85,11 @@ def test_normalize_reasons():
         == "empty content"
     )
     assert normalize({"messages": [{"role": "wizard", "content": "a"}]})[1] == "unknown role"
+    # a leading assistant turn is dropped; what is left ([user]) has no assistant turn
     assert normalize({"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]})[
         1
-    ] == ("first turn is not from the user")
+    ] == ("no assistant turn")
+    assert normalize({"messages": [{"role": "assistant", "content": "a"}]})[1] == "no user turn"
     two_users = [
         {"role": "user", "content": "a"},
         {"role": "user", "content": "b"},
@@ -154,12 +157,68 @@ def test_prepare_end_to_end_reports_drops(tmp_path, tiny_llama_dir):
         prepare(str(src), str(tmp_path / "ds2"), target=str(tiny_llama_dir), max_length=128, strict=True)
 
 
+def test_leading_non_user_turns_are_dropped_not_the_conversation(tmp_path, tiny_llama_dir):
+    """ShareGPT style: a conversation opening with the assistant keeps everything from its first user turn."""
+    system = {"role": "system", "content": "Be brief."}
+    lead = [{"role": "assistant", "content": "Hi, I am a bot."}, {"role": "assistant", "content": "Ask me."}]
+    repairs: list[str] = []
+    assert normalize({"messages": lead + CONV}, repairs) == (CONV, None)
+    assert repairs == [LEADING_DROPPED]
+    repairs = []
+    assert normalize({"messages": [system, *lead[:1], *CONV]}, repairs) == ([system, *CONV], None)
+    assert repairs == [LEADING_DROPPED]
+    repairs = []
+    assert normalize({"messages": CONV}, repairs) == (CONV, None) and repairs == []
+    sharegpt = {"conversations": [{"from": "gpt", "value": "Hello."}, {"from": "human", "value": "hi"},
+                                  {"from": "gpt", "value": "hello"}]}  # fmt: skip
+    assert normalize(sharegpt)[0] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    rows = [
+        {"messages": CONV},
+        {"messages": lead + CONV},
+        {"messages": lead},  # no user turn at all: still dropped
+        {"messages": [system, *lead[:1], *CONV[:2]]},
+    ]
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    ds = load_dataset(prepare(str(src), str(tmp_path / "ds"), target=str(tiny_llama_dir), max_length=256))
+    assert len(ds) == 3
+    assert ds.manifest["repaired"] == {LEADING_DROPPED: {"count": 2, "records": [1, 3]}}
+    assert ds.manifest["dropped"] == {"no user turn": {"count": 1, "records": [2]}}
+    assert ds.input_ids[1] == ds.input_ids[0]  # the repaired conversation is exactly the user-first one
+    assert ds.loss_mask[1] == ds.loss_mask[0]
+
+
+@pytest.mark.parametrize("pretty", [True, False], ids=["pretty-printed", "one-line"])
+def test_top_level_json_object_is_named(tmp_path, pretty, tiny_llama_dir):
+    """A file that is one JSON object wrapping the conversations: its own message, with where they are."""
+    doc = {"version": 2, "data": [{"messages": CONV} for _ in range(124)]}
+    p = tmp_path / "wrapped.json"
+    p.write_text(json.dumps(doc, indent=2 if pretty else None))
+    with pytest.raises(ValueError, match=r"the file is one JSON object, not a list of conversations: .*"
+                                         r"\['version', 'data'\].*'data' holds a list of 124 objects.*jq -c"):  # fmt: skip
+        list(read_conversations(p))
+    with pytest.raises(ValueError, match="the file is one JSON object, not a list of conversations"):
+        prepare(str(p), str(tmp_path / "ds"), target=str(tiny_llama_dir))
+    # one conversation object, pretty-printed, is one record; jsonl files are unaffected
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"messages": CONV}, indent=2))
+    assert list(read_conversations(one)) == [(0, {"messages": CONV})]
+    jl = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONV}] * 3)
+    assert len(list(read_conversations(jl))) == 3
+
+
 @pytest.mark.real
 def test_real_sharegpt_file_is_recovered():
     from specdraft.data.prepare import sharegpt_path
 
     rep = ReadReport()
-    n_ok = sum(1 for _, raw in read_conversations(sharegpt_path(), rep) if normalize(raw)[1] is None)
+    repairs: list[str] = []
+    n_ok = sum(1 for _, raw in read_conversations(sharegpt_path(), rep) if normalize(raw, repairs)[1] is None)
     assert rep.records == 17671  # every whole record of the cut-off file (see shared/DATA.md)
     assert list(rep.dropped) == ["truncated record at end of file"] and rep.truncated_tail_bytes > 0
-    assert 10000 < n_ok <= 11144
+    # 11144 records open with the user; of the 6358 opening with the assistant, 6172 are kept from their first
+    # user turn on (the rest have no user turn, or other faults), as SpecForge keeps them
+    assert repairs.count(LEADING_DROPPED) == 6172
+    assert n_ok == 17293

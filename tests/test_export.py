@@ -18,19 +18,25 @@ def target():
     return wrap_model(build_tiny_model("llama"), name="tiny")
 
 
+@pytest.fixture(scope="module")
+def target_dir(target, tmp_path_factory):
+    """The `target` fixture's model saved as an HF dir (export reads its config to check the draft fits)."""
+    d = tmp_path_factory.mktemp("tiny-llama-320")
+    target.model.save_pretrained(d)
+    return d
+
+
 def make_draft(target, vd=64, **kw):
     counts = np.arange(target.vocab_size)[::-1].copy()
     return build_draft(target, counts, [2, 4, 5], draft_vocab_size=vd, **kw)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_export_layout(tmp_path, target, fmt, tiny_llama_dir):
+def test_export_layout(tmp_path, target, fmt, target_dir):
     draft = make_draft(target)
     save_draft(draft, tmp_path / "d")
     out = tmp_path / fmt
-    assert (
-        export(str(tmp_path / "d"), str(out), format=fmt, target=str(tiny_llama_dir), check_vllm=False) == 0
-    )
+    assert export(str(tmp_path / "d"), str(out), format=fmt, target=str(target_dir), check_vllm=False) == 0
     cfg = json.loads((out / "config.json").read_text())
     from safetensors.torch import load_file
 
@@ -50,7 +56,7 @@ def test_export_layout(tmp_path, target, fmt, tiny_llama_dir):
     assert torch.equal(torch.arange(64) + w["d2t"], torch.nonzero(w["t2d"]).flatten())
     if fmt == "speculators":
         assert cfg["speculators_model_type"] == "eagle3"
-        assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(tiny_llama_dir)
+        assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target_dir)
         assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
         assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1
     else:
@@ -111,3 +117,46 @@ def test_export_refuses_bad_arguments(tmp_path, target):
     save_draft(make_draft(target), tmp_path / "d")
     with pytest.raises(ValueError, match="--format must be one of.*--dtype must be one of"):
         export(str(tmp_path / "d"), str(tmp_path / "o"), format="gguf", dtype="int4")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (
+            {"hidden_size": 128},
+            r"target's hidden size is 128 but the draft's fc reads hidden states of size 64",
+        ),
+        (
+            {"vocab_size": 300},
+            r"target's vocabulary has 300 ids but the draft's vocabulary map \(t2d: 320, d2t: 64\)",
+        ),
+        (
+            {"num_hidden_layers": 4},
+            r"draft reads the target's layers \[2, 4, 5\] but the target has 4 layers",
+        ),
+    ],
+    ids=["hidden", "vocab", "layers"],
+)
+def test_export_refuses_a_target_the_draft_does_not_fit(tmp_path, target, change, message):
+    """Before writing anything: both values named, and the fix (the draft's own target, or a new draft)."""
+    from conftest import tiny_config
+
+    other = tmp_path / "other-target"
+    cfg = tiny_config("llama")
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    cfg.save_pretrained(other)  # its config is all export reads of it
+    draft = make_draft(target)
+    draft.cfg.target_name = "/models/the-draft-target"
+    save_draft(draft, tmp_path / "d")
+    with pytest.raises(ValueError, match=message) as e:
+        export(str(tmp_path / "d"), str(tmp_path / "out"), target=str(other), check_vllm=False)
+    assert f"refusing to write a draft for target {other}" in str(e.value)
+    assert "Fix: export against the draft's own target (--target /models/the-draft-target)" in str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_export_checks_its_target_exists(tmp_path, target):
+    save_draft(make_draft(target), tmp_path / "d")
+    with pytest.raises(ValueError, match="cannot read the target's config.*does not exist"):
+        export(str(tmp_path / "d"), str(tmp_path / "out"), target="/nonexistent/target", check_vllm=False)

