@@ -32,7 +32,7 @@ def data(tmp_path_factory, tiny_llama_dir):
     src = write_jsonl(d / "c.jsonl", conversations(48, seed=1))
     ds = prepare(str(src), str(d / "ds"), target=str(tiny_llama_dir), max_length=128)
     shards = extract(str(ds), str(d / "shards"), target=str(tiny_llama_dir), samples_per_shard=16,
-                     max_tokens_per_batch=512, skip_doctor=True)  # fmt: skip
+                     max_tokens_per_batch=512, skip_doctor=True, store_dtype="float32")  # fmt: skip
     return ds, shards
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from specdraft.fileio import atomic_write_text
-from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, save_draft
-from specdraft.model.draft import WEIGHTS_FILE, Eagle3Draft
+from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, load_draft_state, save_draft
+from specdraft.model.draft import Eagle3Draft
 from specdraft.train.config import _RESUME_FREE, TrainConfig
 
 
@@ -59,7 +59,14 @@ def _draft_from_state(draft: Eagle3Draft, full_model_state: dict) -> Eagle3Draft
 
 
 def _save_checkpoint(
-    out: Path, step: int, draft_cpu: Eagle3Draft, opt_state: dict, sched, info: dict, keep: int
+    out: Path,
+    step: int,
+    draft_cpu: Eagle3Draft,
+    opt_state: dict,
+    sched,
+    info: dict,
+    keep: int,
+    embed_from=None,
 ) -> Path:
     """Write OUT/checkpoints/step_N (draft files + train_state.pt) atomically, point `latest` at it, prune old ones."""
     root = out / "checkpoints"
@@ -67,7 +74,7 @@ def _save_checkpoint(
     name = f"step_{step:08d}"
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_draft(draft_cpu, tmp)
+    save_draft(draft_cpu, tmp, embed_from=embed_from)  # the frozen embedding by reference when known
     state = {
         "step": step,
         "optimizer": opt_state,
@@ -100,7 +107,6 @@ def _load_train_state(ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str) 
 
 def _restore(ckpt: Path, state: dict, model: nn.Module, optimizer, scheduler) -> int:
     """Load the checkpoint's weights, optimizer, schedule and RNG states into this run; returns its step."""
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -108,7 +114,9 @@ def _restore(ckpt: Path, state: dict, model: nn.Module, optimizer, scheduler) ->
     )
 
     opts = StateDictOptions(full_state_dict=True)
-    weights = {f"draft.{k}": v for k, v in load_file(str(ckpt / WEIGHTS_FILE)).items()}
+    weights = {
+        f"draft.{k}": v for k, v in load_draft_state(ckpt).items()
+    }  # embedding re-read from the target
     set_model_state_dict(model, weights, options=opts)
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=opts)
     scheduler.load_state_dict(state["scheduler"])

@@ -16,6 +16,8 @@ class TrainConfig:
     """Settings of `specdraft train`; the library defaults are EAGLE-3's."""
 
     target: str = ""  # target model (dir, hub id, smollm2-135m); default: the shards' manifest's
+    trust_remote_code: bool = False  # allow model code shipped with the target (config, tokenizer)
+    skip_bad: bool = False  # skip shards that fail their checks (counted and named) instead of stopping
     online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
     layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
@@ -88,4 +90,4 @@ class TrainConfig:
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
-                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer"}  # fmt: skip
+                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "trust_remote_code", "skip_bad"}  # fmt: skip

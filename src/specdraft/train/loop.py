@@ -11,8 +11,10 @@ rows of each global batch; rank 0 writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import latest_checkpoint, load_draft, save_draft
 from specdraft.train.batches import Batch, _plan_hash, _to_device, load_rows, plan_batches
 from specdraft.train.checkpoint import (
@@ -362,7 +365,7 @@ def _checkpoint(run: _Run, step: int) -> str:
     if run.rank == 0:
         draft_cpu = _draft_from_state(run.st.draft, full_model) if run.sharded else run.st.draft
         path = str(_save_checkpoint(run.out_dir, step, draft_cpu, full_opt, run.scheduler, run.info,
-                                    run.cfg.keep_checkpoints))  # fmt: skip
+                                    run.cfg.keep_checkpoints, run.st.embed_source))  # fmt: skip
     barrier(run.world)
     return path
 
@@ -393,8 +396,20 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
             prepared dataset directory from `specdraft prepare`.
         out: output directory: checkpoints/, final/, metrics.jsonl (rerun with --resume to continue).
     """
-    # --- check: every user error at once, before a process group, a target or a file exists -----------------
     out_dir = Path(out)
+    # one training run per directory: rank 0 of a run holds the lock (a second run fails at once)
+    lock = (
+        DirLock(out_dir, "training run")
+        if int(os.environ.get("RANK", "0")) == 0
+        else contextlib.nullcontext()
+    )
+    with lock:
+        return train_loop(shards, out_dir, cfg)
+
+
+def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
+    """The training loop of `train`, phase by phase."""
+    # --- check: every user error at once, before a process group, a target or a file exists -----------------
     ckpt = _check(shards, out_dir, cfg)
 
     # --- setup: processes, data, draft, teacher, optimizer, schedule ----------------------------------------

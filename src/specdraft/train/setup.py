@@ -30,6 +30,7 @@ class _Setup:
     draft: Eagle3Draft
     teacher: TeacherHead
     provenance: dict = field(default_factory=dict)
+    embed_source: object = None  # where checkpoints find the frozen embedding (None: they keep a copy)
 
 
 @dataclass
@@ -52,7 +53,7 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
 
     ds = load_dataset(data)
     tgt = load_target(cfg.target or ds.manifest.get("target") or "smollm2-135m", device=str(device), dtype=target_dtype,
-                      with_tokenizer=False)  # fmt: skip
+                      with_tokenizer=False, trust_remote_code=cfg.trust_remote_code)  # fmt: skip
     layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
     n = min(len(ds), cfg.max_samples) if cfg.max_samples else len(ds)
     sids = list(range(n))
@@ -65,22 +66,28 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
 
 
 def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
-    """Extracted shards (several: comma-separated) and the target they were extracted from."""
-    from specdraft.data.store import ShardSet
-    from specdraft.targets import load_target
+    """Extracted shards (several: comma-separated) and the parts of their target the teacher needs.
 
-    ss = ShardSet.open([p for p in data.split(",") if p])
+    Only the target's embeddings, final norm and lm_head are read (`model.frozen`), never its decoder
+    layers; the target must be the one the shards came from (config hash and weights fingerprint).
+    """
+    from specdraft.data.store import ShardSet
+    from specdraft.model.frozen import load_frozen
+
+    ss = ShardSet.open([p for p in data.split(",") if p], skip_bad=cfg.skip_bad)
     man = ss.manifest
     layer_ids = list(man["layer_ids"])
     tinfo = man["target"]
     name = cfg.target or tinfo.get("path") or tinfo.get("name")
     if not cfg.target and tinfo.get("path") and not Path(tinfo["path"]).exists():
         name = tinfo.get("name")
-    tgt = load_target(name, device=str(device), dtype=target_dtype, with_tokenizer=False)
-    if tinfo.get("config_hash") and tgt.config_hash != tinfo["config_hash"]:
-        raise ValueError(f"the target {name} (config hash {tgt.config_hash}) is not the one the shards were "
-                         f"extracted from ({tinfo.get('name')}, hash {tinfo['config_hash']}): pass --target with "
-                         "the extraction's model")  # fmt: skip
+    tgt = load_frozen(name, device=str(device), dtype=target_dtype, trust_remote_code=cfg.trust_remote_code)
+    for what, ours, theirs in (("config hash", tgt.config_hash, tinfo.get("config_hash")),
+                               ("weights fingerprint", tgt.weights_fingerprint, man.get("identity", {}).get("target_weights"))):  # fmt: skip
+        if theirs and not str(theirs).startswith("hub:") and ours != theirs:
+            raise ValueError(f"the target {name} ({what} {ours}) is not the one the shards were extracted from "
+                             f"({tinfo.get('name')}, {what} {theirs}): its teacher head would be wrong; pass "
+                             "--target with the extraction's model")  # fmt: skip
     sids = ss.sample_ids()
     if not all(m.get("complete") for m in ss.manifests):
         print(f"train: warning: the extraction in {data} is not complete; training on the {len(sids)} samples "
@@ -110,7 +117,8 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
                         cfg.init_lm_head, seed=cfg.seed)  # fmt: skip
     teacher = TeacherHead(tgt, draft.t2d).to(device)
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
-    return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov)
+    embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding
+    return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov, embed)
 
 
 def _lr_lambda(cfg: TrainConfig, total: int):

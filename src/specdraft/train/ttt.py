@@ -173,6 +173,8 @@ def ttt_attention(q: torch.Tensor, keys: list, chunk_elems: int = 1 << 25) -> to
     B, nh, T, d = q.shape
     nkv = keys[0][0].shape[1]
     assert nh % nkv == 0 and all(k.shape == (B, nkv, T, d) for k, _ in keys), (q.shape, keys[0][0].shape)
+    if B * nh * T * T * len(keys) <= chunk_elems:  # the dense scores fit the budget: one fused kernel call
+        return _dense_ttt_attention(q, keys)
     g, scale = nh // nkv, d**-0.5
     q5 = q.reshape(B, nkv, g, T, d)  # (B, nh, T, d) -> (B, nkv, g, T, d): heads grouped by kv head
     k0, v0 = keys[0]
@@ -190,6 +192,23 @@ def ttt_attention(q: torch.Tensor, keys: list, chunk_elems: int = 1 << 25) -> to
     wd = torch.exp(sd - lse[..., None])  # (B, nkv, g, T, i)
     out = w0 * _wide(out0) + torch.einsum("bkgtj,bktjd->bkgtd", wd, _wide(vd))  # (B, nkv, g, T, d)
     return out.to(q.dtype).reshape(B, nh, T, d)  # (B, nkv, g, T, d) -> (B, nh, T, d)
+
+
+def _dense_ttt_attention(q: torch.Tensor, keys: list) -> torch.Tensor:
+    """`ttt_attention` as one SDPA call over the concatenated keys with the (T, (i+1) T) boolean mask.
+
+    The fast path where the scores are small (short samples): the fused kernel beats the chunked merge on
+    CPU at T <= ~2k. Memory grows as (i+1) T^2, so `ttt_attention` takes it only within its score budget.
+    """
+    nh, nkv, T = q.shape[1], keys[0][0].shape[1], q.shape[2]
+    k = torch.cat([k for k, _ in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, (i+1) T, d)
+    v = torch.cat([v for _, v in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, (i+1) T, d)
+    if len(keys) == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, d)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T): step-0 keys 0..t
+    eye = torch.eye(T, dtype=torch.bool, device=q.device)  # (T, T): step j's key at slot t
+    mask = torch.cat([causal] + [eye] * (len(keys) - 1), dim=1)  # (T, (i+1) T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, d)
 
 
 def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: int) -> tuple:
