@@ -48,3 +48,41 @@ def test_tiny_quickstart_end_to_end_from_the_cli(tmp_path):
     # another budget on the same directory is refused with the fix
     r3 = subprocess.run([*run[:-3], "default", "--out", "qs"], cwd=tmp_path, capture_output=True, text=True)
     assert r3.returncode == 2 and "--fresh" in r3.stderr and "Traceback" not in r3.stderr
+
+
+def test_a_rerun_after_an_interrupted_first_checkpoint_starts_training_instead_of_resuming(
+    tmp_path, monkeypatch
+):
+    """Killed while writing its first checkpoint, a run leaves only a temporary under checkpoints/: the rerun
+    must train from the start (it used to pass --resume and fail with "no checkpoint ... to resume from")."""
+    import specdraft.capture.extract as X
+    import specdraft.data.prepare as P
+    import specdraft.eval.reference as R
+    import specdraft.export as E
+    import specdraft.train.loop as L
+
+    root = tmp_path / "qs"
+    (root / "dataset").mkdir(parents=True)
+    (root / "dataset" / "manifest.json").write_text(
+        '{"num_samples": 1, "num_tokens": 1, "num_loss_tokens": 1}'
+    )
+    (root / "hidden_states").mkdir()
+    (root / "hidden_states" / "manifest-00000-of-00001.json").write_text("{}")
+    (root / "train" / "checkpoints" / ".step_00000020.4242.tmp").mkdir(parents=True)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(shards, out, cfg):
+        seen["resume"] = cfg.resume
+        raise Stop
+
+    monkeypatch.setattr(X, "extract", lambda *a, **k: None)
+    monkeypatch.setattr(P, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(L, "train", fake_train)
+    monkeypatch.setattr(R, "evaluate_report", lambda *a, **k: pytest.fail("eval before train"))
+    monkeypatch.setattr(E, "export", lambda *a, **k: None)
+    with pytest.raises(Stop):
+        Q.quickstart(out=str(root), budget="tiny")
+    assert seen == {"resume": False}

@@ -116,7 +116,15 @@ def _evaluate_with_vllm(
                 "--engine vllm evaluates trained drafts (a train output or an export), not `untrained`"
             )
         exp = Path(out) / f"export-{i}"
-        export(spec, str(exp), format="speculators", target=target, k=k, check_vllm=False)
+        export(
+            spec,
+            str(exp),
+            format="speculators",
+            target=target,
+            k=k,
+            check_vllm=False,
+            trust_remote_code=trust_remote_code,
+        )
         exports.append(str(exp))
         refs.append(spec)
     if refs and len(refs) != len(exports):
