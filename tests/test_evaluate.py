@@ -53,6 +53,10 @@ def test_chat_jsonl_prompts(tmp_path):
     assert [(p.id, p.category, p.turns) for p in ps] == [
         ("7", "math", ["What is 2+2?", "And 3+3?"]), ("1", "all", ["Hi"]), ("2", "all", ["Tell me a joke"])
     ]  # fmt: skip
+    one = write_jsonl(
+        tmp_path / "one.jsonl", [{"question_id": 3, "category": "code", "turns": ["Sort a list"]}]
+    )
+    assert [(p.id, p.turns) for p in load_prompts(str(one))] == [("3", ["Sort a list"])]  # jsonl of one line
     empty = write_jsonl(tmp_path / "e.jsonl", [{"x": 1}])
     with pytest.raises(ValueError, match="no usable prompts"):
         load_prompts(str(empty))

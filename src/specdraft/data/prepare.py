@@ -104,7 +104,8 @@ def read_conversations(path: str | Path, report: ReadReport | None = None):
     if head.startswith(b"{"):
         whole = _whole_object(raw)
         if whole is not None:  # the file is ONE JSON object (jsonl files fail this at their second line)
-            if not _is_conversation(whole):
+            one_line = b"\n" not in raw.strip()  # a jsonl file of one record (a conversation, a question)
+            if not _is_conversation(whole) and (not one_line or _object_lists(whole)):
                 raise ValueError(_one_object_message(path, whole))
             report.records += 1
             yield 0, whole
@@ -151,12 +152,14 @@ def _is_conversation(obj: dict) -> bool:
     return isinstance(obj.get("messages", obj.get("conversations")), list)
 
 
+def _object_lists(obj: dict) -> list[str]:
+    """Keys of `obj` holding a non-empty list of objects: where a wrapped dataset keeps its records."""
+    return [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+
+
 def _one_object_message(path, obj: dict) -> str:
     """Why a file that is one JSON object is refused, and where its conversations probably are."""
-    keys = list(obj)
-    lists = [
-        k for k in keys if isinstance(obj[k], list) and obj[k] and all(isinstance(x, dict) for x in obj[k])
-    ]
+    keys, lists = list(obj), _object_lists(obj)
     if lists:
         k = max(lists, key=lambda k: len(obj[k]))
         fix = (
