@@ -93,3 +93,28 @@ def test_weights_fingerprint_sees_other_weights_not_other_names(tmp_path):
     assert weights_fingerprint(a) == weights_fingerprint(b) != weights_fingerprint(c)
     with pytest.raises(FileNotFoundError, match="no weight files"):
         weights_fingerprint(tmp_path)
+
+
+def test_cli_names_a_full_disk_reported_by_a_library_and_train_checks_space_first(
+    monkeypatch, capsys, tmp_path
+):
+    from specdraft.train import loop
+
+    class SafetensorError(Exception):  # safetensors reports ENOSPC as its own exception type
+        pass
+
+    def full(paths: list[str], quick: bool = False) -> int:
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, message: "No space left on device" })'
+        )
+
+    monkeypatch.setitem(cli.COMMANDS, "verify", "tests_fake:fn")
+    monkeypatch.setattr(cli, "import_module", lambda mod: type("M", (), {"fn": staticmethod(full)}))
+    assert cli.main(["verify", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on the device" in err and "Traceback" not in err
+    with pytest.raises(OSError, match=r"only 1 MiB are free: free space, choose another --out"):
+        monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 1 << 20})())
+        loop._check_disk(tmp_path, 10_000_000, keep=2)
+    monkeypatch.undo()
+    loop._check_disk(tmp_path, 1000, keep=2)  # fits

@@ -147,18 +147,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"specdraft {cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
-        if os.environ.get("SPECDRAFT_DEBUG"):
+    except Exception as e:
+        # user errors (bad input, paths, a full disk, engine refusals) in one line; anything else is a bug
+        if os.environ.get("SPECDRAFT_DEBUG") or not (isinstance(e, _USER_ERRORS) or _disk_full(e)):
             raise
         print(f"specdraft {cmd}: error: {_user_message(e)}", file=sys.stderr)
         return 2
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
+_USER_ERRORS = (ValueError, FileNotFoundError, OSError, RuntimeError)
+
+
+def _disk_full(e: BaseException) -> bool:
+    """A full disk, however the writing library reports it (OSError ENOSPC, safetensors' or torch's errors)."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+
+
 def _user_message(e: BaseException) -> str:
     """One line for an error the user can act on (set SPECDRAFT_DEBUG=1 for the traceback)."""
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        where = f" writing {e.filename}" if e.filename else ""
+    if _disk_full(e):
+        name = getattr(e, "filename", None)
+        where = f" writing {name}" if name else ""
         return (f"no space left on the device{where}: free space or point the output at a larger disk, "
                 "then rerun the same command to resume")  # fmt: skip
     return str(e) or type(e).__name__

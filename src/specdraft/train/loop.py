@@ -160,6 +160,8 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
                      cfg.checkpoint_layer)  # fmt: skip
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
+    if rank == 0:
+        _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total))
     info = {
@@ -170,6 +172,19 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     }
     return _Run(cfg, out_dir, rank, world, device, amp_dtype, amp, st, batches0, per_epoch, total,
                 val_batches, model, wrapped, params, optimizer, scheduler, info)  # fmt: skip
+
+
+def _check_disk(out_dir: Path, n_params: int, keep: int) -> None:
+    """Refuse to start when the checkpoints this run keeps cannot fit (fp32 weights + AdamW's two moments)."""
+    import shutil
+
+    per_ckpt = n_params * 4 * 3  # weights, exp_avg, exp_avg_sq in fp32; the frozen embedding is referenced
+    need = per_ckpt * (keep + 1) + n_params * 4  # kept + the one being written + final/
+    free = shutil.disk_usage(out_dir).free
+    if need > free:
+        raise OSError(f"train keeps {keep} checkpoint(s) of ~{per_ckpt / 2**20:.0f} MiB in {out_dir} (~{need / 2**20:.0f} "
+                      f"MiB with the one being written and final/) but only {free / 2**20:.0f} MiB are free: free space, "
+                      "choose another --out, or lower --keep-checkpoints")  # fmt: skip
 
 
 def _resume(run: _Run, ckpt: Path) -> int:
