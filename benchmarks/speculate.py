@@ -20,10 +20,10 @@ import time
 import torch
 
 from specdraft.decode.speculate import SpecConfig, Speculator
-from specdraft.eval.prompts import load_prompts, render_prompt, stop_ids
+from specdraft.eval.prompts import load_prompts, render_prompt
 from specdraft.eval.reference import UNTRAINED, load_eval_draft
 from specdraft.eval.stats import tau_of
-from specdraft.targets import load_target
+from specdraft.targets import load_target, stop_ids
 
 TREES = [(4, 4, 12), (8, 5, 24), (10, 6, 48)]  # (topk, depth, budget)
 

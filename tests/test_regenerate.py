@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import conversations, write_jsonl
 
+from specdraft import targets
 from specdraft.data.prepare import prepare
 from specdraft.data.regenerate import (
     END_OF_TURN,
     LENGTH,
     OUTPUT_FILE,
     SETTINGS_FILE,
-    _stop_ids,
     regenerate,
     render,
 )
@@ -29,7 +29,7 @@ from specdraft.targets import load_target
 def _greedy_alone(target, messages: list[dict], max_new: int) -> tuple[str, str]:
     """Oracle: token-by-token greedy decoding of one prompt alone, no padding, no KV cache, no generate()."""
     ids = render(target.tokenizer, messages)
-    stop_ids = _stop_ids(target)
+    stop_ids = targets.stop_ids(target.tokenizer, target.model.generation_config)
     new = []
     for _ in range(max_new):
         with torch.no_grad():

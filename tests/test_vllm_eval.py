@@ -22,7 +22,6 @@ from specdraft.eval.prompts import (
     read_generation_config,
     render_prompt,
     render_turn,
-    stop_ids,
 )
 from specdraft.eval.report import summary_lines
 from specdraft.eval.serving import evaluate_vllm, export_format
@@ -30,6 +29,7 @@ from specdraft.eval.stats import acceptance_stats, counter_stats
 from specdraft.eval.vllm_engine import _diff_counters
 from specdraft.eval.vllm_worker import DrafterWorkerExtension
 from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft
+from specdraft.targets import stop_ids
 
 
 def test_counter_stats_use_the_reference_definitions():

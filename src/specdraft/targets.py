@@ -420,3 +420,24 @@ def load_text_config(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = Fal
         return AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code).get_text_config()
     except ValueError as e:
         raise (_remote_code_error(name, e) or e) from e
+
+
+def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
+    """End-of-sequence ids: the tokenizer's EOS and the generation config's ``eos_token_id`` (int or list).
+
+    ``generation_config`` is a loaded model's ``generation_config`` (an object), the dict of a
+    ``generation_config.json`` (as the vLLM evaluation reads it), or None.
+    """
+    ids: set[int] = set()
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    if isinstance(generation_config, dict):
+        eos = generation_config.get("eos_token_id")
+    else:
+        eos = getattr(generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    return tuple(sorted(ids))

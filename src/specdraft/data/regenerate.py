@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from specdraft.data.prepare import ReadReport, _describe_drops, normalize, read_conversations
 from specdraft.fileio import DirLock, atomic_write_text, file_hash
-from specdraft.targets import EMBEDDED_DEFAULT
+from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
 SETTINGS_FILE = "regenerate.json"
 OUTPUT_FILE = "conversations.jsonl"
@@ -96,17 +96,6 @@ class HFGenerator:
             pad_token_id=self.pad_id,
         )
         return [_cut(row.tolist(), self.stop_ids) for row in out[:, T:]]  # (B, new)
-
-
-def _stop_ids(target) -> tuple[int, ...]:
-    """End-of-turn ids of the target: the tokenizer's EOS and the generation config's EOS ids."""
-    ids = {target.tokenizer.eos_token_id} if isinstance(target.tokenizer.eos_token_id, int) else set()
-    eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else list(eos or ()))
-    if not ids:
-        raise ValueError(f"{target.name}: neither the tokenizer nor generation_config.json names an EOS token; "
-                         "replies could not end their turn")  # fmt: skip
-    return tuple(sorted(ids))
 
 
 def _cut(new: list[int], stop_ids: tuple[int, ...]) -> Reply:
@@ -274,7 +263,11 @@ def regenerate(
         atomic_write_text(root / SETTINGS_FILE, json.dumps({"settings": settings, "done": False}, indent=1))
         if todo:
             tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-            gen = HFGenerator(tgt, _stop_ids(tgt))
+            stops = stop_ids(tgt.tokenizer, getattr(tgt.model, "generation_config", None))
+            if not stops:
+                raise ValueError(f"{target}: neither the tokenizer nor generation_config.json names an EOS token; "
+                                 "replies could not end their turn")  # fmt: skip
+            gen = HFGenerator(tgt, stops)
             _run_chunks(root, chunks, todo, gen, tgt.tokenizer, sampling, turns, max_prompt_tokens, seed)
         return _finish(root, settings, len(chunks), report)
 

@@ -135,27 +135,6 @@ def render_turn(tokenizer: Any, p: Prompt, turn: int, answers: list[str]) -> lis
     return render_prompt(tokenizer, p.turns[: turn + 1], answers[:turn])
 
 
-def stop_ids(tokenizer: Any, generation_config: Any = None) -> tuple[int, ...]:
-    """End-of-sequence ids: the tokenizer's EOS and the generation config's ``eos_token_id`` (int or list).
-
-    ``generation_config`` is a loaded model's ``generation_config`` (an object), the dict of a
-    ``generation_config.json`` (the vLLM evaluation reads the file; :func:`read_generation_config`), or None.
-    """
-    ids: set[int] = set()
-    tok_eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(tok_eos, int):
-        ids.add(tok_eos)
-    if isinstance(generation_config, dict):
-        eos = generation_config.get("eos_token_id")
-    else:
-        eos = getattr(generation_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.update(int(e) for e in eos)
-    return tuple(sorted(ids))
-
-
 def read_generation_config(model_dir: str | Path) -> dict:
     """The ``generation_config.json`` of a model directory as a dict ({} when there is none)."""
     import json

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from specdraft.decode.speculate import GenResult, SpecConfig, Speculator
-from specdraft.eval.prompts import Prompt, load_prompts, render_prompt, render_turn, stop_ids
+from specdraft.eval.prompts import Prompt, load_prompts, render_prompt, render_turn
 from specdraft.eval.report import write_plots
 from specdraft.eval.stats import acceptance_stats, divergence, tau_of
-from specdraft.targets import EMBEDDED_DEFAULT
+from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
 UNTRAINED = "untrained"
 REPORT_FILE = "report.json"
