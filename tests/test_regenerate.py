@@ -49,7 +49,7 @@ def convs_file(tmp_path):
 def test_replies_are_the_targets_greedy_replies_turn_by_turn(
     tiny_llama_dir, convs_file, tmp_path, one_thread
 ):
-    out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), max_new_tokens=6,
+    out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=6,
                      chunk_size=3)  # fmt: skip
     got = [json.loads(line)["messages"] for line in out.read_text().splitlines()]
     src = [c["messages"] for c in conversations(7, seed=3)]
@@ -72,7 +72,7 @@ def test_replies_are_the_targets_greedy_replies_turn_by_turn(
 
 
 def test_first_turn_only(tiny_llama_dir, convs_file, tmp_path, one_thread):
-    out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), max_new_tokens=3,
+    out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=3,
                      turns="first")  # fmt: skip
     assert all(len(json.loads(line)["messages"]) == 2 for line in out.read_text().splitlines())
 
@@ -80,7 +80,7 @@ def test_first_turn_only(tiny_llama_dir, convs_file, tmp_path, one_thread):
 _RUN = """
 import sys
 from specdraft.data.regenerate import regenerate
-regenerate(sys.argv[1], sys.argv[2], target=sys.argv[3], max_new_tokens=8, chunk_size=1, temperature=0.8, seed=5)
+regenerate(sys.argv[1], sys.argv[2], target=sys.argv[3], engine="hf", max_new_tokens=8, chunk_size=1, temperature=0.8, seed=5)
 """
 
 
@@ -107,10 +107,15 @@ def test_resume_after_kill_9_writes_what_an_uninterrupted_run_writes(tiny_llama_
 
 def test_other_settings_on_resume_are_refused(tiny_llama_dir, convs_file, tmp_path, one_thread):
     regenerate(
-        str(convs_file), str(tmp_path / "o"), target=str(tiny_llama_dir), max_new_tokens=2, max_samples=2
+        str(convs_file),
+        str(tmp_path / "o"),
+        target=str(tiny_llama_dir),
+        engine="hf",
+        max_new_tokens=2,
+        max_samples=2,
     )
     with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 2 -> 3\)"):
-        regenerate(str(convs_file), str(tmp_path / "o"), target=str(tiny_llama_dir), max_new_tokens=3,
+        regenerate(str(convs_file), str(tmp_path / "o"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=3,
                    max_samples=2)  # fmt: skip
 
 
@@ -118,20 +123,22 @@ def test_bad_inputs(tiny_llama_dir, tmp_path, one_thread):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="no usable conversation"):
-        regenerate(str(empty), str(tmp_path / "a"), target=str(tiny_llama_dir))
+        regenerate(str(empty), str(tmp_path / "a"), target=str(tiny_llama_dir), engine="hf")
     no_user = write_jsonl(tmp_path / "nouser.jsonl", [{"messages": [{"role": "assistant", "content": "hi"}]}])
     with pytest.raises(ValueError, match="no usable conversation"):
-        regenerate(str(no_user), str(tmp_path / "b"), target=str(tiny_llama_dir))
+        regenerate(str(no_user), str(tmp_path / "b"), target=str(tiny_llama_dir), engine="hf")
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [
         {"messages": [{"role": "assistant", "content": "hi"}]},
         {"messages": [{"role": "user", "content": "Hello! How can I help you today?"},
                       {"role": "assistant", "content": "x"}]},
         {"messages": [{"role": "user", "content": "fox " * 400}, {"role": "assistant", "content": "x"}]},
     ])  # fmt: skip
-    out = regenerate(str(mixed), str(tmp_path / "c"), target=str(tiny_llama_dir), max_new_tokens=2,
+    out = regenerate(str(mixed), str(tmp_path / "c"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=2,
                      max_prompt_tokens=64)  # fmt: skip
     assert len(out.read_text().splitlines()) == 1  # the over-long prompt has no reply to keep
     meta = json.loads((tmp_path / "c" / SETTINGS_FILE).read_text())
     assert meta["totals"]["cut_short"] == 1 and sum(meta["dropped"].values()) == 1
     with pytest.raises(ValueError, match="no such file"):
-        regenerate(str(tmp_path / "missing.jsonl"), str(tmp_path / "d"), target=str(tiny_llama_dir))
+        regenerate(
+            str(tmp_path / "missing.jsonl"), str(tmp_path / "d"), target=str(tiny_llama_dir), engine="hf"
+        )

