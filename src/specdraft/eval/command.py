@@ -39,6 +39,7 @@ def evaluate(
     engine: str = "hf",
     tensor_parallel_size: int = 1,
     engine_args: str = "",
+    batch1_prompts: int = 8,
     trust_remote_code: bool = False,
 ) -> int:
     """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
@@ -72,12 +73,14 @@ def evaluate(
             its spec-decode counters next to the reference decoder's figures; chain drafting, T=0).
         tensor_parallel_size: vLLM: GPUs the target is split over (the reference decoder runs unsplit).
         engine_args: vLLM: a JSON object of further `LLM(...)` options, checked before anything loads.
+        batch1_prompts: vLLM: also serve the first N prompts one at a time (batch 1, latency) with and without
+            the draft, and report the cost of a round (0 = batched only).
         trust_remote_code: allow model code shipped with the target.
     """
     if engine == "vllm":
         engine_kwargs = _engine_kwargs(tensor_parallel_size, engine_args)
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
-                                   trust_remote_code, engine_kwargs)  # fmt: skip
+                                   trust_remote_code, engine_kwargs, batch1_prompts)  # fmt: skip
     if engine != "hf":
         raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
     if tensor_parallel_size != 1 or engine_args:
@@ -98,7 +101,7 @@ def evaluate(
 
 def _evaluate_with_vllm(
     draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
-    dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict,
+    dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict, batch1_prompts: int,
 ) -> int:  # fmt: skip
     """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
     from specdraft.eval.serving import evaluate_vllm
@@ -133,7 +136,8 @@ def _evaluate_with_vllm(
         )
     report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
                            max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out,
-                           trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)  # fmt: skip
+                           trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs,
+                           batch1_prompts=batch1_prompts)  # fmt: skip
     for line in summary_lines(report):
         print(line)
     return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0

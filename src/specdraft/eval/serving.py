@@ -21,6 +21,10 @@ i). Reported per draft (definitions shared with the reference report: :mod:`spec
                                 every round of every prompt, the same list the reference decoder
                                 keeps, so the two can be compared round by round;
   tokens/s                      new tokens / wall time of ``LLM.generate``, with and without draft;
+  batch1                        the same for the first ``batch1_prompts`` prompts served one at a time
+                                (one sequence in the engine: latency, the regime drafts are for), with the
+                                measured cost of a round (k draft steps + one verify of k+1 tokens) in
+                                target-only decoding steps, and the tau it takes to break even;
   lossless                      speculative output == target-only output token for token; every
                                 divergence with its prompt, turn and position.
 
@@ -96,6 +100,7 @@ class _Run:
     engine_args: dict[str, Any]  # VLLMEngine options shared by all engines
     gen_args: dict[str, Any]  # VLLMEngine.generate options shared by all generations
     log: Callable[[str], None]
+    batch1: int = 0  # first-turn prompts also served one at a time (batch 1)
 
 
 @dataclass
@@ -106,6 +111,7 @@ class _Baseline:
     ids: list[list[int]]
     tokens: list[list[int]]
     seconds: float
+    batch1: dict[str, Any] = field(default_factory=dict)  # the first prompts one at a time (empty: not run)
     new_tokens: int = field(init=False)
     tokens_per_s: float = field(init=False)
 
@@ -177,9 +183,35 @@ def _run_baseline(run: _Run, turns: int) -> _Baseline:
                 b2 = eng.generate(ids2, run.max_new_tokens, **run.gen_args)
                 tokens += b2.tokens
                 seconds += b2.seconds
-    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds)
+        batch1 = _batch1(eng, run, base.tokens) if run.batch1 else {}
+    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds, batch1)
     run.log(f"target alone: {out.new_tokens} tokens, {out.tokens_per_s:.1f} tok/s")
     return out
+
+
+def _batch1(eng: VLLMEngine, run: _Run, reference: list[list[int]]) -> dict[str, Any]:
+    """The first ``run.batch1`` first turns served one at a time: tokens/s, counters, equal to ``reference``."""
+    n = min(run.batch1, len(run.first_ids))
+    g = eng.generate(run.first_ids[:n], run.max_new_tokens, **{**run.gen_args, "sequential": True})
+    new = sum(len(t) for t in g.tokens)
+    out = {"prompts": n, "new_tokens": new, "seconds": round(g.seconds, 3),
+           "tokens_per_s": round(new / g.seconds, 3) if g.seconds else 0.0,
+           "same_tokens_as_batched": g.tokens == reference[:n]}  # fmt: skip
+    if g.counters:
+        out["counters"] = g.counters
+    return out
+
+
+def _batch1_costs(b1: dict[str, Any], base_b1: dict[str, Any], k: int) -> dict[str, Any]:
+    """tau, speed-up and the cost of one round at batch 1, from the draft's and the baseline's batch-1 runs."""
+    st = counter_stats(b1.pop("counters"), k)
+    step = base_b1["seconds"] / max(base_b1["new_tokens"], 1)  # one target-only decoding step (s)
+    per_round = b1["seconds"] / max(st["rounds"], 1)  # one round: k draft steps + a (k+1)-token verify (s)
+    cost = per_round / step if step else None
+    return {**b1, "tau": st["tau"], "rounds": st["rounds"],
+            "speedup": round(b1["tokens_per_s"] / base_b1["tokens_per_s"], 4) if base_b1["tokens_per_s"] else None,
+            "round_cost_in_target_steps": None if cost is None else round(cost, 3),
+            "break_even_tau": None if cost is None else round(cost, 3)}  # fmt: skip
 
 
 def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[dict]) -> dict[str, Any]:
@@ -188,6 +220,7 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
         run.log(f"{name} ({fmt}) loaded in {eng.load_seconds:.1f}s")
         eng.generate([base.ids[0][:8]], 4, **run.gen_args)  # warm-up
         spec = eng.generate(base.ids, run.max_new_tokens, **run.gen_args)
+        b1 = _batch1(eng, run, base.tokens) if base.batch1 else None
     stats = counter_stats(spec.counters, run.k)
     divergences = []
     for j, (rec, (i, t), st, bt) in enumerate(zip(records, base.jobs, spec.tokens, base.tokens)):
@@ -209,12 +242,17 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
         "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
         "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
     }
+    if b1 is not None:
+        entry["batch1"] = _batch1_costs(b1, base.batch1, run.k)
+        entry["lossless"]["ok"] = entry["lossless"]["ok"] and b1["same_tokens_as_batched"]
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
         entry["per_request_consistent"] = bool(
             len(flat) == stats["rounds"] and sum(flat) == stats["accepted_tokens"]
         )
-    run.log(f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless {'yes' if not divergences else 'NO'}")
+    run.log(
+        f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless {'yes' if entry['lossless']['ok'] else 'NO'}"
+    )
     return entry
 
 
@@ -252,6 +290,7 @@ def evaluate_vllm(
     dtype: str = "",
     ignore_eos: bool = False,
     sequential: bool = False,
+    batch1_prompts: int = 0,
     max_num_seqs: int = 16,
     seed: int = 0,
     reference: Sequence[str] | None = None,
@@ -275,6 +314,8 @@ def evaluate_vllm(
         ignore_eos: always generate ``max_new_tokens`` (the reference decoder stops at EOS; keep False
             to compare with it).
         sequential: one prompt per ``LLM.generate`` call (single-stream speed) instead of one batch.
+        batch1_prompts: also serve the first N first turns one at a time with each engine (batch 1: latency),
+            reported as ``batch1`` next to the batched figures (0 = not).
         max_num_seqs: sequences vLLM decodes together.
         seed: engine seed.
         reference: training outputs / saved drafts, one per export, to run the reference decoder
@@ -301,10 +342,12 @@ def evaluate_vllm(
                engine_args=dict(dtype=dtype, max_num_seqs=max_num_seqs, seed=seed,
                                 trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs),
                gen_args=dict(stop_ids=stops, ignore_eos=ignore_eos, sequential=sequential),
-               log=lambda msg: print(f"eval[vllm]: {msg}", flush=True) if progress else None)  # fmt: skip
+               log=lambda msg: print(f"eval[vllm]: {msg}", flush=True) if progress else None,
+               batch1=batch1_prompts)  # fmt: skip
 
     settings = dict(k=k, max_new_tokens=max_new_tokens, turns=turns, prompts=len(plist), temperature=0.0,
                     dtype=dtype, ignore_eos=ignore_eos, stop_ids=list(stops), sequential=sequential,
+                    batch1_prompts=min(batch1_prompts, len(plist)),
                     max_num_seqs=max_num_seqs, seed=seed, device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
 
     base = _run_baseline(run, turns)
@@ -314,7 +357,7 @@ def evaluate_vllm(
     drafts = {name: _run_draft(run, name, formats[name], base, records) for name in exports}
     report = {"engine": "vllm", "vllm_version": _vllm_version(), "target": target_dir, "settings": settings,
               "baseline": {"new_tokens": base.new_tokens, "seconds": round(base.seconds, 3),
-                           "tokens_per_s": round(base.tokens_per_s, 3)},
+                           "tokens_per_s": round(base.tokens_per_s, 3), **({"batch1": base.batch1} if base.batch1 else {})},
               "drafts": drafts, "records": records}  # fmt: skip
     if reference is not None:
         _add_reference(report, exports, list(reference), target, str(prompts), turns, max_prompts,
