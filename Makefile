@@ -33,7 +33,7 @@ $(VENV)/.stamp-vllm: $(VENV)/.stamp-base
 install: $(VENV)/.stamp-base
 install-vllm: $(VENV)/.stamp-vllm
 
-quickstart: $(VENV)/.stamp-base
+quickstart: $(VENV)/.stamp-vllm
 	$(BIN)/specdraft quickstart
 
 lint: $(VENV)/.stamp-base

@@ -35,12 +35,19 @@ def test_tiny_quickstart_end_to_end_from_the_cli(tmp_path):
     r = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "qs" / "summary.json").read_text())
-    assert s["budget"]["name"] == "tiny" and s["data"]["num_samples"] == 48
+    assert s["budget"]["name"] == "tiny" and 0 < s["data"]["num_samples"] <= 48
+    # trained on the target's own replies (regenerated), counted by stop reason
+    regen = json.loads((tmp_path / "qs" / "regenerated" / "regenerate.json").read_text())
+    assert regen["done"] and sum(regen["totals"]["replies"].values()) >= s["data"]["num_samples"]
     tr, un = s["eval"]["trained"], s["eval"]["untrained"]
     assert tr["lossless"] is True and un["lossless"] is True  # greedy speculative output == target alone
     assert tr["tau"] >= 1.0 and un["tau"] >= 1.0 and len(tr["acceptance_per_position"]) == 3
     assert s["train"]["steps"] > 0 and all(0 <= a <= 1 for a in s["train"]["val"]["acc"])
     assert (tmp_path / "qs" / "export" / "speculators" / "config.json").exists()
+    if s["serve"] is not None:  # vLLM installed: the export served, batched and at batch 1, lossless
+        assert s["serve"]["lossless"] is True and s["serve"]["tau"] >= 1.0
+        assert s["serve"]["batch1"]["prompts"] == 2 and s["serve"]["batch1"]["round_cost_in_target_steps"] > 0
+        assert "vLLM batch 1" in r.stdout
     # the same run spelled absolute resumes (every stage already done) instead of failing
     r2 = subprocess.run([*run[:-1], str(tmp_path / "qs")], capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
@@ -57,6 +64,7 @@ def test_a_rerun_after_an_interrupted_first_checkpoint_starts_training_instead_o
     must train from the start (it used to pass --resume and fail with "no checkpoint ... to resume from")."""
     import specdraft.capture.extract as X
     import specdraft.data.prepare as P
+    import specdraft.data.regenerate as G
     import specdraft.eval.reference as R
     import specdraft.export as E
     import specdraft.train.loop as L
@@ -80,6 +88,7 @@ def test_a_rerun_after_an_interrupted_first_checkpoint_starts_training_instead_o
 
     monkeypatch.setattr(X, "extract", lambda *a, **k: None)
     monkeypatch.setattr(P, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(G, "regenerate", lambda *a, **k: tmp_path / "conversations.jsonl")
     monkeypatch.setattr(L, "train", fake_train)
     monkeypatch.setattr(R, "evaluate_report", lambda *a, **k: pytest.fail("eval before train"))
     monkeypatch.setattr(E, "export", lambda *a, **k: None)

@@ -1,7 +1,9 @@
 """quickstart: the whole pipeline on the embedded default (SmolLM2-135M-Instruct) with real conversations.
 
-prepare (ShareGPT) -> extract -> train -> eval on MT-bench (trained vs untrained draft, lossless check)
--> export (speculators + eagle3) -> a summary table and plots. Every stage skips work already complete
+regenerate (ShareGPT user turns, the target's own replies: on-policy data) -> prepare -> extract -> train
+-> eval on MT-bench (trained vs untrained draft, lossless check) -> export (speculators + eagle3) -> serve the
+export in vLLM (when installed: tau, tokens/s with and without the draft, batched and at batch 1)
+-> a summary table and plots. Every stage skips work already complete
 (prepare and eval by their outputs, extract shard by shard, train from its newest checkpoint), so an
 interrupted quickstart resumes where it stopped when run again.
 
@@ -12,6 +14,7 @@ says so in its summary; the library defaults (`specdraft train`) stay the paper'
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -36,12 +39,16 @@ class Budget:
     eval_prompts: int  # MT-bench first turns decoded
     max_new_tokens: int  # tokens generated per prompt
     k: int  # draft tokens per round (chain)
+    reply_tokens: int  # regenerate: cap of the target's own replies (0 = train on ShareGPT's replies)
+    serve_prompts: int  # vLLM: MT-bench first turns served with and without the draft (0 = skip)
+    batch1_prompts: int  # vLLM: of those, served one at a time (batch 1, latency)
+    lr: float  # peak learning rate
 
 
 BUDGETS = {
-    "tiny": Budget(48, 256, 1, 4096, 3, 4, 32, 3),  # a smoke run, a few minutes
-    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3),  # under 30 minutes on 2 cores
-    "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5),  # hours on CPU; minutes on a GPU
+    "tiny": Budget(48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3),  # a smoke run, a few minutes
+    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3, 256, 80, 8, 1e-3),  # ~30 minutes on 2 cores
+    "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3),  # hours on CPU; minutes on a GPU
 }
 
 
@@ -90,6 +97,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     """The stages, each skipping the work already complete."""
     from specdraft.capture.extract import extract
     from specdraft.data.prepare import MANIFEST_FILE, prepare
+    from specdraft.data.regenerate import regenerate
     from specdraft.eval.reference import UNTRAINED, evaluate_report
     from specdraft.eval.report import summary_lines
     from specdraft.export import export, serve_commands
@@ -102,12 +110,28 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     t_all = time.time()
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
 
-    # 1. prepare: real ShareGPT conversations -> ids + assistant loss mask
-    t = _stage("prepare (ShareGPT conversations -> token ids + assistant loss mask)")
+    # 0. regenerate: ShareGPT's user turns, the target's own replies (vLLM when installed, else transformers)
+    conversations = "sharegpt"
+    if b.reply_tokens:
+        t = _stage(
+            f"regenerate (the target's own replies to {b.samples} ShareGPT first turns, <= {b.reply_tokens} tokens)"
+        )
+        conversations = str(regenerate("sharegpt", str(root / "regenerated"), target=EMBEDDED_DEFAULT, turns="first",
+                                       max_new_tokens=b.reply_tokens, max_samples=b.samples, device=device,
+                                       max_prompt_tokens=b.max_length - 64,
+                                       dtype=dtype))  # fmt: skip
+        times["regenerate"] = time.time() - t
+
+    # 1. prepare: conversations -> ids + assistant loss mask
+    t = _stage("prepare (conversations -> token ids + assistant loss mask)")
     ds_dir = root / "dataset"
     if not (ds_dir / MANIFEST_FILE).exists():
         prepare(
-            "sharegpt", str(ds_dir), target=EMBEDDED_DEFAULT, max_length=b.max_length, max_samples=b.samples
+            conversations,
+            str(ds_dir),
+            target=EMBEDDED_DEFAULT,
+            max_length=b.max_length,
+            max_samples=b.samples,
         )
     dman = json.loads((ds_dir / MANIFEST_FILE).read_text())
     times["prepare"] = time.time() - t
@@ -125,7 +149,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     train_dir = root / "train"
     final = train_dir / "final"
     if not (final / "config.json").exists():
-        cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=1e-3,
+        cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
                           max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=40, device=device,
                           resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
         train(str(hs_dir), str(train_dir), cfg)
@@ -155,7 +179,16 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
             export(str(final), str(d), format=fmt, k=b.k, check_vllm=False)
     times["export"] = time.time() - t
 
-    # 6. summary
+    # 6. serve: the speculators export in vLLM, with and without the draft, batched and at batch 1
+    served = None
+    if b.serve_prompts and importlib.util.find_spec("vllm"):
+        t = _stage(
+            f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1)"
+        )
+        served = _serve(root / "serve", exp_spec, b)
+        times["serve"] = time.time() - t
+
+    # 7. summary
     trained = report["drafts"][str(final)]
     untrained = report["drafts"][UNTRAINED]
     summary = {
@@ -171,6 +204,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
             "untrained": _brief(untrained),
             "baseline_tokens_per_s": report["baseline"]["tokens_per_s"],
         },
+        "serve": served,
         "seconds": {k: round(v, 1) for k, v in times.items()} | {"total": round(time.time() - t_all, 1)},
         "plots": [str(p) for p in [train_dir / "training.png", *report.get("plots", [])] if Path(p).exists()],
         "exports": {"speculators": str(exp_spec), "eagle3": str(exp_e3)},
@@ -179,11 +213,34 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
     print(_table(summary))
     print("\n".join(summary_lines(report)))
+    if served:
+        print("\n".join(served["lines"]))
     print("\nserve the draft:")
     for c in serve_commands(target_dir, str(exp_spec.resolve()), str(exp_e3.resolve()), b.k):
         print(f"  {c}")
     print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
     return 0
+
+
+def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
+    """vLLM's figures for the export (report reused when there): tau, speed batched and at batch 1, lossless."""
+    from specdraft.eval.report import summary_lines
+    from specdraft.eval.serving import REPORT_FILE, evaluate_vllm
+
+    f = out / REPORT_FILE
+    if f.exists():
+        rep = json.loads(f.read_text())
+    else:
+        rep = evaluate_vllm([str(export_dir)], target=EMBEDDED_DEFAULT, prompts="mtbench", k=b.k,
+                            max_new_tokens=b.max_new_tokens, max_prompts=b.serve_prompts,
+                            batch1_prompts=b.batch1_prompts, out=str(out))  # fmt: skip
+    d = rep["drafts"][str(export_dir)]
+    b1 = d.get("batch1") or {}
+    return {"prompts": rep["settings"]["prompts"], "tau": round(d["tau"], 3), "speedup": d["speedup"],
+            "tokens_per_s": d["tokens_per_s"], "baseline_tokens_per_s": rep["baseline"]["tokens_per_s"],
+            "batch1": {k: b1.get(k) for k in ("prompts", "tau", "speedup", "tokens_per_s", "round_cost_in_target_steps")},
+            "batch1_baseline_tokens_per_s": rep["baseline"].get("batch1", {}).get("tokens_per_s"),
+            "lossless": d["lossless"]["ok"], "lines": summary_lines(rep)}  # fmt: skip
 
 
 def _brief(d: dict) -> dict:
@@ -211,6 +268,7 @@ def _table(s: dict) -> str:
         ("speedup", f"x{tr['speedup']:.2f} trained, x{un['speedup']:.2f} untrained "
                     f"(target alone {s['eval']['baseline_tokens_per_s']:.1f} tok/s)"),
         ("lossless (T=0)", "yes" if tr["lossless"] and un["lossless"] else "NO"),
+        *_serve_rows(s.get("serve")),
         ("settings", s["library_defaults_differ"]),
         ("total time", f"{s['seconds']['total']:.0f} s ({', '.join(f'{k} {v:.0f}s' for k, v in s['seconds'].items() if k != 'total')})"),
     ]  # fmt: skip
@@ -218,6 +276,18 @@ def _table(s: dict) -> str:
     line = "-" * 100
     return "\n".join([line, "quickstart summary: SmolLM2-135M-Instruct (embedded default)", line]
                      + [f"{k:<{w}}  {v}" for k, v in rows] + [line])  # fmt: skip
+
+
+def _serve_rows(sv: dict | None) -> list[tuple[str, str]]:
+    if not sv:
+        return [("vLLM", "not installed: `make install-vllm` (or pip install vllm) to serve the draft")]
+    b1 = sv["batch1"]
+    return [
+        ("vLLM tau", f"{sv['tau']:.3f} over {sv['prompts']} MT-bench first turns, lossless {'yes' if sv['lossless'] else 'NO'}"),
+        ("vLLM batched", f"x{sv['speedup'] or 0:.2f}: {sv['tokens_per_s']:.1f} tok/s with the draft vs {sv['baseline_tokens_per_s']:.1f} alone"),
+        ("vLLM batch 1", f"x{b1['speedup'] or 0:.2f}: {b1['tokens_per_s'] or 0:.1f} tok/s vs {sv['batch1_baseline_tokens_per_s'] or 0:.1f} alone "
+                         f"({b1['prompts']} prompts; a round costs {b1['round_cost_in_target_steps'] or 0:.2f} target steps)"),
+    ]  # fmt: skip
 
 
 def _fmt_val(val: dict) -> str:
