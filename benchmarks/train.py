@@ -7,7 +7,10 @@
 SHARDS is an extraction directory (`specdraft extract`, e.g. of the embedded default on ShareGPT). Each
 configuration trains `--steps` optimizer steps from scratch in a temp dir and reports, from the
 trainer's own metrics (first step dropped as warm-up): median tokens/s, the share of step time spent
-waiting for data (goal: < 5%), and the achieved GFLOP/s against the draft's estimated training FLOPs.
+waiting for data (goal: < 5%), the share of padded tokens in the length-grouped batches, and the achieved
+GFLOP/s against the draft's estimated training FLOPs. The same run measures this machine's fp32 GEMM rate
+(square matmuls at the trainer's thread count, before and after the training runs; the higher is kept) and
+prints model FLOPs utilisation = achieved / GEMM rate, so the figure means something on any machine.
 
 `--attention-bench` times one forward + backward of the K-step TTT unroll (no lm_head) of a draft sized
 like SmolLM2-135M (H 576, 9 heads, 3 kv heads), batch 1, for each T and K, with the TTT attention as
@@ -62,10 +65,26 @@ def bench(shards: str, name: str, steps: int, max_tokens: int, prefetch: bool) -
     tr = [r for r in recs if r["split"] == "train"][1:] or [r for r in recs if r["split"] == "train"]
     tps = statistics.median(r["tokens_per_s"] for r in tr)
     share = statistics.median(r["data_share"] for r in tr)
+    pad = statistics.median(r.get("pad_share", 0.0) for r in tr)
     fpt = draft_flops(dcfg, cfg.ttt_steps)
     return {"config": name, "prefetch": prefetch, "steps": steps, "tokens_per_s": round(tps, 1),
-            "data_share": round(share, 4), "gflop_per_token": round(fpt / 1e9, 3),
+            "data_share": round(share, 4), "pad_share": round(pad, 4), "gflop_per_token": round(fpt / 1e9, 3),
             "achieved_gflops": round(tps * fpt / 1e9, 1), "wall_s": round(wall, 1)}  # fmt: skip
+
+
+def gemm_gflops(n: int = 1024, repeats: int = 10, device: str = "cpu") -> float:
+    """This machine's fp32 matmul rate (GFLOP/s): the median of `repeats` (n, n) @ (n, n) products."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for _ in range(2):  # warm-up
+        a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,14 +209,20 @@ def main() -> None:
     )
     args = ap.parse_args()
     rows = []
+    peak = gemm_gflops()
     for name in args.configs.split(","):
         for prefetch in (True, False) if args.no_prefetch_too else (True,):
             rows.append(bench(args.shards, name, args.steps, args.max_tokens, prefetch))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'config':8} {'prefetch':8} {'tok/s':>8} {'data %':>7} {'GFLOP/tok':>9} {'GFLOP/s':>8}")
+    peak = max(peak, gemm_gflops())
+    print(f"\nfp32 GEMM rate of this machine: {peak:.1f} GFLOP/s ({torch.get_num_threads()} threads)")
+    print(
+        f"{'config':8} {'prefetch':8} {'tok/s':>8} {'data %':>7} {'pad %':>6} {'GFLOP/tok':>9} {'GFLOP/s':>8} {'MFU':>6}"
+    )
     for r in rows:
         print(f"{r['config']:8} {r['prefetch']!s:8} {r['tokens_per_s']:8.1f} {100 * r['data_share']:6.2f}% "
-              f"{r['gflop_per_token']:9.3f} {r['achieved_gflops']:8.1f}")  # fmt: skip
+              f"{100 * r['pad_share']:5.1f}% {r['gflop_per_token']:9.3f} {r['achieved_gflops']:8.1f} "
+              f"{100 * r['achieved_gflops'] / peak:5.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ class _Meter:
 
     t_log: float = field(default_factory=time.time)
     tokens: int = 0
+    padded: int = 0  # tokens including the padding of each rank's batch
     data_time: float = 0.0
     step_time: float = 0.0
 
@@ -309,7 +310,8 @@ def _train_record(
     return {"split": "train", "step": step, "epoch": round(step / run.per_epoch, 4),
             **_step_means(kl_g, ag_g, counts, run.cfg.decay), "lr": run.scheduler.get_last_lr()[0],
             "grad_norm": gnorm, "tokens": tokens,
-            "tokens_per_s": meter.tokens / max(dt, 1e-9), "data_share": meter.data_time / max(meter.step_time, 1e-9)}  # fmt: skip
+            "tokens_per_s": meter.tokens / max(dt, 1e-9), "data_share": meter.data_time / max(meter.step_time, 1e-9),
+            "pad_share": 1 - meter.tokens / max(meter.padded, 1)}  # fmt: skip
 
 
 def _step_means(kl: torch.Tensor, agree: torch.Tensor, counts: torch.Tensor, decay: float) -> dict:
@@ -461,7 +463,9 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             if pool and nxt.step < run.total:
                 pending = pool.submit(_load, run, nxt.plan[nxt.idx])
             b = _to_device(b, run.device)
-            tokens = int(_all_sum(torch.tensor(float(b.tokens))).item())
+            tokens, padded = (
+                int(x) for x in _all_sum(torch.tensor([float(b.tokens), float(b.input_ids.numel())]))
+            )
             t_data = time.time() - t0
 
             # teacher: draft-vocabulary log-probs, full-vocabulary argmax, (3, K) global token counts per
@@ -481,6 +485,7 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             meter.step_time += time.time() - t0
             meter.data_time += t_data
             meter.tokens += tokens
+            meter.padded += padded
 
             # log: global per-step KL and accuracy, tokens/s, data-loading share
             if cur.step % cfg.log_every == 0 or cur.step == run.total:
