@@ -581,6 +581,7 @@ def doctor(
     device: str = "auto",
     cache: bool = True,
     export: str | None = None,
+    scan: str = "",
 ) -> int:
     """Check engines, devices, disk and the target's config; report every problem at once.
 
@@ -599,10 +600,16 @@ def doctor(
             binds again).
         export: an export directory (`specdraft export` output) to check against the engine version at
             hand (installed, or --against); without it, what `specdraft export` writes is checked.
+        scan: check another package's calls into vLLM instead (an installed package, a directory, a .whl or
+            name==version), against the installed vLLM or --against; unchecked calls are listed.
 
     Returns:
         0 when nothing breaks, 1 otherwise.
     """
+    if scan:
+        from specdraft.engine.scan import run_scan
+
+        return run_scan(scan, against=against, json=json).exit_code
     report = run_doctor(
         target=target,
         against=against,

