@@ -97,7 +97,6 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     """The stages, each skipping the work already complete."""
     from specdraft.capture.extract import extract
     from specdraft.data.prepare import MANIFEST_FILE, prepare
-    from specdraft.data.regenerate import regenerate
     from specdraft.eval.reference import UNTRAINED, evaluate_report
     from specdraft.eval.report import summary_lines
     from specdraft.export import export, serve_commands
@@ -111,16 +110,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
 
     # 0. regenerate: ShareGPT's user turns, the target's own replies (vLLM when installed, else transformers)
-    conversations = "sharegpt"
-    if b.reply_tokens:
-        t = _stage(
-            f"regenerate (the target's own replies to {b.samples} ShareGPT first turns, <= {b.reply_tokens} tokens)"
-        )
-        conversations = str(regenerate("sharegpt", str(root / "regenerated"), target=EMBEDDED_DEFAULT, turns="first",
-                                       max_new_tokens=b.reply_tokens, max_samples=b.samples, device=device,
-                                       max_prompt_tokens=b.max_length - 64,
-                                       dtype=dtype))  # fmt: skip
-        times["regenerate"] = time.time() - t
+    conversations = _regenerate(root, b, device, dtype, times) if b.reply_tokens else "sharegpt"
 
     # 1. prepare: conversations -> ids + assistant loss mask
     t = _stage("prepare (conversations -> token ids + assistant loss mask)")
@@ -220,6 +210,20 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
         print(f"  {c}")
     print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
     return 0
+
+
+def _regenerate(root: Path, b: Budget, device: str, dtype: str, times: dict[str, float]) -> str:
+    """The conversations file with the target's own replies to ShareGPT's first turns (resumes by chunk)."""
+    from specdraft.data.regenerate import regenerate
+
+    t = _stage(
+        f"regenerate (the target's own replies to {b.samples} ShareGPT first turns, <= {b.reply_tokens} tokens)"
+    )
+    out = regenerate("sharegpt", str(root / "regenerated"), target=EMBEDDED_DEFAULT, turns="first",
+                     max_new_tokens=b.reply_tokens, max_samples=b.samples, device=device, dtype=dtype,
+                     max_prompt_tokens=b.max_length - 64)  # prompts that leave no room for a reply: skipped  # fmt: skip
+    times["regenerate"] = time.time() - t
+    return str(out)
 
 
 def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
