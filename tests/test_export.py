@@ -61,7 +61,11 @@ def test_export_layout(tmp_path, target, fmt, target_dir):
         assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1
     else:
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+            1,
+            3,
+            4,
+        ]  # SGLang counts from id + 1
     assert cfg["norm_before_residual"] is False and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert cfg["draft_vocab_size"] == 64 and cfg["target_hidden_size"] == H
 

@@ -101,8 +101,11 @@ def export_config(cfg: DraftConfig, fmt: str, verifier: str, k: int, dtype: str)
         architectures=["LlamaForCausalLMEagle3"],
         target_hidden_size=cfg.target_hidden_size,
         norm_before_residual=cfg.norm_before_residual,
+        # the two engines count aux ids differently: vLLM (and specdraft) id k = the hidden state entering layer k,
+        # read from the top level; SGLang reads eagle_config's ids and captures the state entering layer k + 1
+        # (`set_eagle3_layers_to_capture`: val + 1), so it gets k - 1. vLLM uses eagle_config's list for its length.
         eagle_aux_hidden_state_layer_ids=aux,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [k - 1 for k in aux], "use_aux_hidden_state": True},
         specdraft_version=__version__,
     )
     return d

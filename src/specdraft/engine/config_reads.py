@@ -4,10 +4,13 @@ Given a function (or a whole module) and the names that hold a config -- a dict 
 ``config_dict``, or a config object such as ``self.config`` -- :func:`config_reads` lists every key path
 read from it: ``d["a"]["b"]`` and ``d["a"][0]["c"]`` (required: a missing key raises), ``d.get("a", x)``
 and ``getattr(c, "a", x)`` (optional, with the default's source text), ``"a" in d`` / ``hasattr(c, "a")``
-(presence tests). Local aliases are followed (``spec = d["speculators_config"]; spec["verifier"]``), a
-read guarded by an ``if`` that tests the same key is optional, and a ``if value not in TABLE: raise``
-on a read value records the values the engine accepts (``TABLE`` a literal, a local or module-level
-dict, or a table filled by a registering decorator such as vLLM's ``@register_speculator("eagle3")``).
+(presence tests), and with ``attrs`` plain attribute reads of a config object (``config.hidden_size``,
+required). Local aliases are followed (``spec = d["speculators_config"]; spec["verifier"]``,
+``ec = getattr(c, "eagle_config", None) or {}``), a read guarded by an ``if`` that tests the same key, or
+inside a ``try`` whose handler catches the failure, is optional, and a ``if value not in TABLE: raise``
+(or ``if value != CONST: raise``) on a read value records the values the engine accepts (``TABLE`` a
+literal, a local or module-level dict, or a table filled by a registering decorator such as vLLM's
+``@register_speculator("eagle3")``).
 :func:`config_writes` lists the keys a function writes into a dict (``out["k"] = ...``).
 
 Nothing is imported; :mod:`specdraft.engine.formats` declares which functions read our exports.
@@ -62,11 +65,13 @@ def _dotted(node: ast.AST) -> str:
 class _Reader:
     """Walks one function (or module) and collects the key reads of the config roots."""
 
-    def __init__(self, roots: Sequence[str], tables: dict[str, tuple[str, ...]]):
+    def __init__(self, roots: Sequence[str], tables: dict[str, tuple[str, ...]], attrs: bool = False):
         self.env: dict[str, tuple[str, ...]] = {r: () for r in roots}  # name -> config path
         self.values: dict[str, tuple[str, ...]] = {}  # name -> path of the value it holds
         self.tables = dict(tables)  # name -> keys of a dict literal / registry
         self.reads: list[KeyRead] = []
+        self.attrs = attrs  # plain attribute reads of the config object are key reads
+        self.caught = 0  # depth of ``try`` bodies whose handler catches a missing key
 
     # -- paths -------------------------------------------------------------------------------
     def path_of(self, node: ast.AST, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
@@ -87,6 +92,15 @@ class _Reader:
             return path
         if isinstance(node, ast.Call):
             return self._call_path(node, record, guarded)
+        if self.attrs and isinstance(node, ast.Attribute):
+            base = self.path_of(node.value, record, guarded)
+            if base is None or (base and base[-1] == ITEM) or node.attr.startswith("__"):
+                return None
+            path = (*base, node.attr)
+            if record and isinstance(node.ctx, ast.Load):
+                kind = "default" if path in guarded else "required"
+                self._add(KeyRead(path, kind, None, node.lineno, via="attr"))
+            return path
         return None
 
     def _call_path(self, node: ast.Call, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
@@ -116,6 +130,8 @@ class _Reader:
         return None
 
     def _add(self, r: KeyRead) -> None:
+        if self.caught and r.kind == "required":
+            r = replace(r, kind="default", default=r.default or "None (the failure is caught)")
         self.reads.append(r)
 
     # -- statements ----------------------------------------------------------------------------
@@ -133,8 +149,12 @@ class _Reader:
 
     def _bind(self, target: ast.AST, value: ast.AST) -> None:
         name = _dotted(target)
-        if not name:
+        if not name or name in self.env and not self.env[name]:
             return
+        if isinstance(target, ast.Attribute) and self.path_of(target.value, False, frozenset()) is not None:
+            return  # ``config.k = v`` stores into the config: no alias
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            value = value.values[0]  # ``x = d.get("k") or {}``: x is d["k"] (or an empty stand-in)
         if isinstance(value, ast.Dict):
             keys = tuple(k for k in (_const_str(k) for k in value.keys) if k is not None)
             if keys:
@@ -146,7 +166,15 @@ class _Reader:
             self.values.setdefault(name, path)
 
     def visit(self, node: ast.AST, guarded: frozenset) -> None:
-        """Record every read under ``node``; an ``if`` guards the keys its test reads."""
+        """Record every read under ``node``; an ``if`` guards the keys its test reads, a ``try`` those of its body."""
+        if isinstance(node, ast.Try) and any(_catches_missing(h) for h in node.handlers):
+            self.caught += 1
+            for child in node.body:
+                self.visit(child, guarded)
+            self.caught -= 1
+            for child in [*node.handlers, *node.orelse, *node.finalbody]:
+                self.visit(child, guarded)
+            return
         if isinstance(node, (ast.If, ast.IfExp, ast.While)):
             tested = self._tested(node.test)
             self.visit(node.test, guarded)
@@ -163,7 +191,13 @@ class _Reader:
             base = self.path_of(node.comparators[0], True, guarded)
             if key is not None and base is not None:
                 self._add(KeyRead((*base, key), "presence", None, node.lineno))
-        if isinstance(node, (ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and self.attrs:
+            # a method call on the config (``config.to_dict()``) is not a key read
+            if node.func.attr != "get" and self.path_of(node.func.value, True, guarded) is not None:
+                for child in node.args + [k.value for k in node.keywords]:
+                    self.visit(child, guarded)
+                return
+        if isinstance(node, (ast.Subscript, ast.Call, ast.Attribute)):
             if self.path_of(node, True, guarded) is not None:
                 for child in ast.iter_child_nodes(node):
                     if not isinstance(child, (ast.Subscript, ast.Call, ast.Attribute, ast.Name)):
@@ -174,7 +208,7 @@ class _Reader:
 
     def _tested(self, test: ast.AST) -> frozenset:
         """Key paths an ``if`` test reads (the body may then read them by subscript safely)."""
-        probe = _Reader([], self.tables)
+        probe = _Reader([], self.tables, self.attrs)
         probe.env, probe.values = self.env, self.values
         probe.visit(test, frozenset())
         names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
@@ -186,7 +220,7 @@ class _Reader:
         if not (
             isinstance(t, ast.Compare)
             and len(t.ops) == 1
-            and isinstance(t.ops[0], ast.NotIn)
+            and isinstance(t.ops[0], (ast.NotIn, ast.NotEq))
             and any(isinstance(s, ast.Raise) for s in node.body)
         ):
             return
@@ -194,7 +228,12 @@ class _Reader:
         path = (
             self.values.get(left.id) if isinstance(left, ast.Name) else self.path_of(left, False, frozenset())
         )
-        allowed = self._table(t.comparators[0])
+        right = t.comparators[0]
+        if isinstance(t.ops[0], ast.NotEq):
+            ok = isinstance(right, ast.Constant) and isinstance(right.value, (str, int, float, bool))
+            allowed = (str(right.value),) if ok else None
+        else:
+            allowed = self._table(right)
         if path is not None and allowed is not None:
             self._add(KeyRead(path, "default", None, node.lineno, allowed))
 
@@ -204,8 +243,19 @@ class _Reader:
         return self.tables.get(_dotted(node))
 
 
+def _catches_missing(handler: ast.ExceptHandler) -> bool:
+    """Whether an ``except`` clause catches a missing key or attribute (bare, Exception, KeyError, ...)."""
+    caught = {"Exception", "BaseException", "KeyError", "AttributeError", "TypeError", "LookupError"}
+    t = handler.type
+    names = [] if t is None else (t.elts if isinstance(t, ast.Tuple) else [t])
+    return t is None or any(_dotted(n).split(".")[-1] in caught for n in names)
+
+
 def config_reads(
-    nodes: Iterable[ast.AST], roots: Sequence[str], tables: dict[str, tuple[str, ...]] | None = None
+    nodes: Iterable[ast.AST],
+    roots: Sequence[str],
+    tables: dict[str, tuple[str, ...]] | None = None,
+    attrs: bool = False,
 ) -> list[KeyRead]:
     """Every read of the config held by ``roots`` in ``nodes`` (functions or module bodies), merged by path.
 
@@ -213,11 +263,12 @@ def config_reads(
         nodes: the syntax trees to read (a function, a class, a module).
         roots: names holding the config (``config_dict``, ``self.config``).
         tables: names of module-level key tables (``{"SUPPORTED": ("eagle3", ...)}``) for constraints.
+        attrs: the roots are config objects: ``config.k`` reads key ``k`` (method calls excepted).
     """
     out: dict[tuple[str, ...], KeyRead] = {}
     rank = {"required": 0, "default": 1, "presence": 2}
     for node in nodes:
-        r = _Reader(roots, tables or {})
+        r = _Reader(roots, tables or {}, attrs)
         body = node.body if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else [node]
         r.aliases(body)
         for s in body:

@@ -28,7 +28,8 @@ What is checked:
 
 ``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that
 version's signatures statically with :mod:`ast` -- no import, no install, no GPU -- and reports which
-contract entries would break.
+contract entries would break. ``--against sglang==X`` checks what that SGLang reads of our eagle3
+export (:mod:`specdraft.engine.format_against`).
 
 Binding against the installed engine means importing it (10-15 s for vLLM on 2 cores, nearly all
 in ``vllm/__init__`` and ``vllm.config``, which every declared symbol needs); the result is kept
@@ -60,6 +61,7 @@ from typing import Any
 from specdraft.engine import contract as engines
 from specdraft.engine.check import Problem, check_contract, installed_root, shorten
 from specdraft.engine.contract import Contract
+from specdraft.engine.format_against import check_format_engine, format_engine_for
 from specdraft.engine.format_check import check_export_dir, check_formats
 from specdraft.engine.release import cache_dir, locate, requirement_problems
 from specdraft.engine.static_sig import SourceTree, unguarded_cuda_calls
@@ -175,6 +177,12 @@ def _source_problems(contract: Contract, root: Path, export: str | None) -> list
 def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequence[str],
                    export: str | None, report: Report) -> None:  # fmt: skip
     """Everything ``--against`` checks: what was read, its pins, the contracts and the export formats."""
+    fe = format_engine_for(against)
+    if fe is not None:  # an engine without a contract (sglang==X): its export formats only
+        described, problems = check_format_engine(fe, against, export)
+        report.info["against"] = described or against
+        report.problems.extend(problems)
+        return
     engine = todo[0].engine if todo else "vllm"
     try:
         rel = locate(against, engine)
@@ -393,6 +401,7 @@ _CHECKER_FILES = (
     "engine/formats.py",
     "engine/config_reads.py",
     "engine/format_check.py",
+    "engine/format_model.py",
     "engine/usage.py",
     "engine/usage_check.py",
     "engine/vllm_rpc.py",

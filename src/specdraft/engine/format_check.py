@@ -9,8 +9,14 @@ Findings:
 * a value outside what the version accepts (``if v not in TABLE: raise``): refused (break);
 * a field the export must not write (``absent``), or an architecture missing from the model registry (break);
 * a relied-on field the version reads nowhere, or defaults to another value when the config lacks it:
-  vLLM silently builds another draft than the one trained (break);
+  vLLM silently builds another draft than the one trained (break) -- unless the format declares the
+  values the draft is then built with (``unread_ok``) and the config has them (info);
+* a weight name the model class drops, aux layer ids it shifts, an architecture its registry (or the
+  ``EntryClass`` lists of SGLang's model modules) lacks (:mod:`specdraft.engine.format_model`);
 * fields the version reads with a default and the export does not write: listed (info).
+
+Model readers (the drafter's class, reading a config object) count plain attribute reads too, and
+their ``if config.k != 1: raise`` constraints apply to the model config's values.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ from specdraft.engine.config_reads import (
     registered_function,
     registered_keys,
 )
+from specdraft.engine.format_model import entry_classes, layer_id_problems, safetensors_names, weight_problems
 from specdraft.engine.formats import ConfigReader, ExportFormat
 from specdraft.engine.static_sig import SourceTree
 
@@ -85,7 +93,14 @@ def _tables(tree: SourceTree, module: str) -> dict[str, tuple[str, ...]]:
 def _reader_nodes(
     tree: SourceTree, r: ConfigReader, config: Mapping[str, Any]
 ) -> tuple[list[ast.AST], str, str]:
-    """(syntax trees to read, module, why not found) for one declared reader."""
+    """(syntax trees to read, module, why not found) for one declared reader (the first of ``a|b`` found)."""
+    if "|" in r.symbol:
+        found: tuple[list[ast.AST], str, str] = ([], "", "")
+        for alt in r.symbol.split("|"):
+            found = _reader_nodes(tree, replace(r, symbol=alt), config)
+            if found[0]:
+                return found
+        return found
     module = r.symbol.split(":", 1)[0]
     if r.registered_by:
         parsed = tree.parse(module)
@@ -118,6 +133,7 @@ def check_formats(
     configs: Mapping[str, Mapping[str, Any]] | None = None,
     registry: str = "",
     where: str = "",
+    weights: Sequence[str] | None = None,
 ) -> list[Problem]:
     """Every reason the engine version under ``tree`` would refuse or misread each format's config.
 
@@ -127,22 +143,34 @@ def check_formats(
         configs: ``{format name: config}`` to check (default: each format's sample, what export writes).
         registry: the engine's model registry module (for ``architecture`` fields; '' skips that check).
         where: what the config is, for the messages (an export directory).
+        weights: the weight names to check (default: each format's declared ``weights``).
     """
     problems: list[Problem] = []
     for fmt in formats:
         if configs is not None and fmt.name not in configs:
             continue
         config = configs[fmt.name] if configs is not None else fmt.sample
+        names = fmt.weights if weights is None else weights
         problems.extend(
             _check_one(
-                fmt, tree, config, registry, where or f"the {fmt.name} config `specdraft export` writes"
+                fmt,
+                tree,
+                config,
+                registry,
+                where or f"the {fmt.name} config `specdraft export` writes",
+                names,
             )
         )
     return problems
 
 
 def _check_one(
-    fmt: ExportFormat, tree: SourceTree, config: Mapping[str, Any], registry: str, where: str
+    fmt: ExportFormat,
+    tree: SourceTree,
+    config: Mapping[str, Any],
+    registry: str,
+    where: str,
+    weights: Sequence[str] = (),
 ) -> list[Problem]:
     subject = f"{fmt.name} export"
     problems = [
@@ -169,12 +197,15 @@ def _check_one(
         for n in nodes:
             if r.writes:
                 writes |= config_writes(n, r.writes)
-        for kr in config_reads(nodes, r.roots, _tables(tree, module)):
+        for kr in config_reads(nodes, r.roots, _tables(tree, module), attrs=r.model):
             reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
-    problems += _refusals(subject, where, config, reads)
+    problems += _refusals(subject, where, config, reads, fmt.model_scope)
     problems += _misreads(fmt, subject, where, config, reads, _model_keys(fmt, config, writes))
     if fmt.architecture and registry:
         problems += _architecture(fmt, subject, where, config, tree, registry)
+    problems += weight_problems(fmt, tree, weights, subject, where)
+    if fmt.layer_ids is not None:
+        problems += layer_id_problems(fmt.layer_ids, tree, config, subject)
     if not any(p.severity == "break" for p in problems):
         n = len({full for _, _, full, _ in reads})
         problems.append(Problem("format", subject, f"{where}: {len(fmt.readers)} reader(s) of this version read "
@@ -182,12 +213,16 @@ def _check_one(
     return problems
 
 
-def _refusals(subject: str, where: str, config: Mapping[str, Any], reads: list) -> list[Problem]:
-    """Required keys the config lacks and values the engine does not accept (non-model readers)."""
+def _refusals(
+    subject: str, where: str, config: Mapping[str, Any], reads: list, model_scope: str = ""
+) -> list[Problem]:
+    """Required keys the config lacks (non-model readers) and values the engine does not accept."""
     out = []
     for r, kr, full, loc in reads:
         if r.model:
-            continue
+            full = (*_split(model_scope), *kr.path)
+            if kr.allowed is None or _lookup(config, full) is _MISSING:
+                continue  # a model config has defaults for what we leave out: the relied-on check covers it
         value = _lookup(config, full)
         if kr.kind == "required" and value is _MISSING:
             out.append(Problem("format", subject, f"{where} lacks `{_shown(full)}`, which this version "
@@ -212,6 +247,11 @@ def _misreads(
         model = [(r, kr, loc) for r, kr, full, loc in reads if r.model and kr.path == path[-1:]]
         value = _lookup(config, path)
         if not direct and not (model and path[-1] in model_keys):
+            fine = _unread_ok(fmt, config, dotted)
+            if fine:
+                out.append(Problem("format", subject, f"this version reads `{_shown(path)}` nowhere; it builds the "
+                                   f"draft as with {fine}, which {where} has", "info"))  # fmt: skip
+                continue
             seen = "; the drafter reads it, but nothing passes it there" if model else ""
             out.append(Problem("format", subject, f"this version reads `{_shown(path)}` nowhere{seen}: the "
                                f"export's value ({value!r}) is ignored and the draft is built differently from "
@@ -231,12 +271,20 @@ def _misreads(
     return out
 
 
+def _unread_ok(fmt: ExportFormat, config: Mapping[str, Any], dotted: str) -> str:
+    """The declared values a version reading ``dotted`` nowhere builds the draft with, when the config has them."""
+    want = fmt.unread_ok.get(dotted)
+    if not want or any(_lookup(config, _split(k)) != v for k, v in want.items()):
+        return ""
+    return ", ".join(f"{k}={v!r}" for k, v in want.items())
+
+
 def _architecture(
     fmt: ExportFormat, subject: str, where: str, config: Mapping[str, Any], tree: SourceTree, registry: str
 ) -> list[Problem]:
     archs = _lookup(config, _split(fmt.architecture))
     arch = archs[0] if isinstance(archs, list) and archs else None
-    table = model_registry(tree, registry)
+    table = model_registry(tree, registry) or entry_classes(tree, registry)
     if arch is None or (table and arch not in table):
         return [Problem("format", subject, f"{where} names architecture {arch!r}, which this version's model "
                         "registry does not have: it cannot load the draft", location=str(tree.module_path(registry)),
@@ -263,8 +311,10 @@ def check_export_dir(
         raise FileNotFoundError(f"{cfg_path} not found: point --export at the output of `specdraft export`")
     config = json.loads(cfg_path.read_text())
     name = detect_format(config)
-    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d))
-    if not list(d.glob("*.safetensors")):
+    files = sorted(d.glob("*.safetensors"))
+    names = safetensors_names(files) if files else None
+    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d), weights=names)
+    if not files:
         problems.append(Problem("format", f"{name} export", f"{d} has no *.safetensors weights",
                                 fix="export again: `specdraft export CHECKPOINT OUT`"))  # fmt: skip
     return problems

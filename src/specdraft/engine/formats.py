@@ -12,21 +12,37 @@ version by version. Each :class:`ExportFormat` declares
   one, or defaults it to another value when absent, misreads the export);
 * ``absent``: fields the export must not write (vLLM decides the format by their absence);
 * ``architecture``: the field naming the model class, which must be in the engine's model registry;
-* ``model_scope``: the part of our config the drafter's model config is built from ('' is all of it).
+* ``model_scope``: the part of our config the drafter's model config is built from ('' is all of it);
+* ``unread_ok``: for a relied-on field some versions read nowhere, the values the draft is then built
+  with (SGLang has no ``norm_before_residual``: it always builds the ``False`` draft);
+* ``weights`` / ``weight_loader``: the weight names the export writes and the model class whose
+  ``load_weights`` takes them (a name it neither maps nor has a module for is silently dropped);
+* ``layer_ids``: the engine function that turns our aux layer ids into capture points (its offset must
+  be our convention's: id k is the hidden state entering decoder layer k).
 
 :mod:`specdraft.engine.format_check` reads each reader with :mod:`specdraft.engine.config_reads` from
 the installed or ``--against`` source and reports every key the version requires and the export lacks,
 every value it refuses, and every relied-on field it ignores or defaults differently.
-SGLang's reader of the ``eagle3`` format is not declared: its sources are not at hand here.
+:data:`SGLANG_FORMATS` declares SGLang's readers of the ``eagle3`` export (``--speculative-algorithm
+EAGLE3``): SGLang has no contract of its own (specdraft never calls it), so ``doctor --against sglang==X``
+checks these formats only (:data:`FORMAT_ENGINES`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VLLM_FORMATS", "ConfigReader", "ExportFormat"]
+__all__ = [
+    "FORMAT_ENGINES",
+    "SGLANG_FORMATS",
+    "VLLM_FORMATS",
+    "ConfigReader",
+    "ExportFormat",
+    "FormatEngine",
+    "LayerIds",
+]
 
 
 @dataclass(frozen=True)
@@ -34,7 +50,8 @@ class ConfigReader:
     """One piece of engine code that reads an exported config.
 
     Attributes:
-        symbol: ``"module:Qual.name"`` of the reading function, or ``"module"`` to read the whole module.
+        symbol: ``"module:Qual.name"`` of the reading function, or ``"module"`` to read the whole module;
+            ``"a|b"``: the first of these found (the code moved between versions).
         roots: the names holding the config there (a parameter, a local, ``self.config``).
         scope: the dotted path of our config this reader receives ('' is all of it).
         registered_by: a config field whose value selects the function instead: the function of
@@ -54,6 +71,24 @@ class ConfigReader:
 
 
 @dataclass(frozen=True)
+class LayerIds:
+    """Where the engine turns the aux layer ids of our config into the layers it captures.
+
+    Attributes:
+        symbol: ``"module:Qual.name"`` of the function receiving the ids.
+        param: its parameter holding them.
+        field: the dotted config field they come from.
+        trained: the field holding the ids in our convention (id k = the state entering layer k), the
+            layers the draft was trained on ('' or absent: ``field`` itself).
+    """
+
+    symbol: str
+    param: str
+    field: str
+    trained: str = "eagle_aux_hidden_state_layer_ids"
+
+
+@dataclass(frozen=True)
 class ExportFormat:
     """One export format and the engine code that reads it (see the module docstring)."""
 
@@ -65,6 +100,25 @@ class ExportFormat:
     absent: tuple[str, ...] = ()
     architecture: str = ""
     model_scope: str = ""
+    unread_ok: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    weights: tuple[str, ...] = ()
+    weight_loader: str = ""
+    layer_ids: LayerIds | None = None
+
+
+@dataclass(frozen=True)
+class FormatEngine:
+    """An engine that loads our exports but has no contract (specdraft never calls it).
+
+    Attributes:
+        engine: its package (``sglang``).
+        formats: the export formats it reads.
+        registry: the package whose modules list the model classes (``EntryClass``) or the registry module.
+    """
+
+    engine: str
+    formats: tuple[ExportFormat, ...]
+    registry: str = ""
 
 
 #: the draft layer of the samples: what ``export._layer_config`` writes for a small Llama-shaped draft
@@ -123,7 +177,8 @@ EAGLE3_SAMPLE: dict[str, Any] = {
     "target_hidden_size": 64,
     "norm_before_residual": False,
     "eagle_aux_hidden_state_layer_ids": _AUX,
-    "eagle_config": {"eagle_aux_hidden_state_layer_ids": _AUX, "use_aux_hidden_state": True},
+    # SGLang's convention (it captures the state entering layer id + 1): see export.export_config
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [k - 1 for k in _AUX], "use_aux_hidden_state": True},
     "specdraft_version": "0.1.0",
 }
 
@@ -190,3 +245,69 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
         architecture="architectures",
     ),
 )
+
+#: the weights ``export.export_state`` writes for the eagle3 format (a draft with a smaller vocabulary)
+EAGLE3_WEIGHTS: tuple[str, ...] = (
+    "fc.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
+
+_SGL = "sglang.srt"
+_SGL_RUNNER = f"{_SGL}.model_executor"
+#: SGLang's readers of the eagle3 export: the draft model class (and the Llama layers it builds on), and
+#: the target runner's lookup of the aux layer ids in the draft's config (moved in 0.5.2x)
+SGLANG_FORMATS: tuple[ExportFormat, ...] = (
+    ExportFormat(
+        name="eagle3",
+        engine="sglang",
+        sample=EAGLE3_SAMPLE,
+        readers=(
+            ConfigReader(f"{_SGL}.models.llama_eagle3", ("config", "self.config"), model=True),
+            ConfigReader(f"{_SGL}.models.llama", ("config", "self.config"), model=True),
+            ConfigReader(
+                f"{_SGL_RUNNER}.model_runner_components.spec_aux_hidden_state|{_SGL_RUNNER}.model_runner",
+                ("draft_model_config.hf_config",),
+            ),
+        ),
+        relies_on=(
+            "draft_vocab_size",
+            "target_hidden_size",
+            "tie_word_embeddings",
+            "norm_before_residual",
+            "rope_parameters",
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+        ),
+        unread_ok={
+            # SGLang's EAGLE-3 layer always keeps the un-normed hidden state as the residual
+            "norm_before_residual": {"norm_before_residual": False},
+            # versions reading only rope_theta / rope_scaling build the default rope
+            "rope_parameters": {"rope_parameters.rope_type": "default"},
+        },
+        architecture="architectures",
+        weights=EAGLE3_WEIGHTS,
+        weight_loader=f"{_SGL}.models.llama_eagle3:LlamaForCausalLMEagle3",
+        layer_ids=LayerIds(
+            f"{_SGL}.models.llama:LlamaForCausalLM.set_eagle3_layers_to_capture",
+            "layer_ids",
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+        ),
+    ),
+)
+
+#: engines with export formats and no contract: ``doctor --against sglang==X`` checks their formats only
+FORMAT_ENGINES: Mapping[str, FormatEngine] = {
+    "sglang": FormatEngine("sglang", SGLANG_FORMATS, registry=f"{_SGL}.models"),
+}

