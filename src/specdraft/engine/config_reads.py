@@ -22,6 +22,8 @@ import ast
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from specdraft.engine.static_sig import dotted_name
+
 __all__ = ["KeyRead", "config_reads", "config_writes", "registered_keys", "registered_function"]
 
 #: a list element in a key path (``d["methods"][0]`` -> ``("methods", "[]")``)
@@ -53,15 +55,6 @@ def _const_str(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else ""
-    return ""
-
-
 class _Reader:
     """Walks one function (or module) and collects the key reads of the config roots."""
 
@@ -76,7 +69,7 @@ class _Reader:
     # -- paths -------------------------------------------------------------------------------
     def path_of(self, node: ast.AST, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
         """The config path ``node`` evaluates to (None: not the config); records the reads on the way."""
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if dotted in self.env:
             return self.env[dotted]
         if isinstance(node, ast.Subscript):
@@ -148,7 +141,7 @@ class _Reader:
                 return
 
     def _bind(self, target: ast.AST, value: ast.AST) -> None:
-        name = _dotted(target)
+        name = dotted_name(target)
         if not name or name in self.env and not self.env[name]:
             return
         if isinstance(target, ast.Attribute) and self.path_of(target.value, False, frozenset()) is not None:
@@ -240,7 +233,7 @@ class _Reader:
     def _table(self, node: ast.AST) -> tuple[str, ...] | None:
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             return tuple(v for v in (_const_str(e) for e in node.elts) if v is not None)
-        return self.tables.get(_dotted(node))
+        return self.tables.get(dotted_name(node))
 
 
 def _catches_missing(handler: ast.ExceptHandler) -> bool:
@@ -248,7 +241,7 @@ def _catches_missing(handler: ast.ExceptHandler) -> bool:
     caught = {"Exception", "BaseException", "KeyError", "AttributeError", "TypeError", "LookupError"}
     t = handler.type
     names = [] if t is None else (t.elts if isinstance(t, ast.Tuple) else [t])
-    return t is None or any(_dotted(n).split(".")[-1] in caught for n in names)
+    return t is None or any(dotted_name(n).split(".")[-1] in caught for n in names)
 
 
 def config_reads(
@@ -290,7 +283,7 @@ def config_writes(node: ast.AST, root: str) -> set[str]:
     for n in ast.walk(node):
         if isinstance(n, ast.Assign):
             for t in n.targets:
-                if isinstance(t, ast.Subscript) and _dotted(t.value) == root and _const_str(t.slice):
+                if isinstance(t, ast.Subscript) and dotted_name(t.value) == root and _const_str(t.slice):
                     keys.add(_const_str(t.slice))
     return {k for k in keys if k}
 
@@ -302,7 +295,7 @@ def _filler(module: ast.Module, table: str) -> set[str]:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for n in ast.walk(s):
                 if isinstance(n, ast.Assign) and any(
-                    isinstance(t, ast.Subscript) and _dotted(t.value) == table for t in n.targets
+                    isinstance(t, ast.Subscript) and dotted_name(t.value) == table for t in n.targets
                 ):
                     out.add(s.name)
     return out
@@ -314,13 +307,13 @@ def registered_keys(module: ast.Module, table: str) -> tuple[str, ...] | None:
     found = False
     fillers = _filler(module, table)
     for s in ast.walk(module):
-        if isinstance(s, ast.Assign) and any(_dotted(t) == table for t in s.targets):
+        if isinstance(s, ast.Assign) and any(dotted_name(t) == table for t in s.targets):
             found = True
             if isinstance(s.value, ast.Dict):
                 keys += [k for k in (_const_str(k) for k in s.value.keys) if k]
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in s.decorator_list:
-                if isinstance(d, ast.Call) and _dotted(d.func).split(".")[-1] in fillers and d.args:
+                if isinstance(d, ast.Call) and dotted_name(d.func).split(".")[-1] in fillers and d.args:
                     key = _const_str(d.args[0])
                     if key:
                         keys.append(key)

@@ -21,6 +21,7 @@ from typing import Any
 from specdraft.engine.static_sig import (
     Found,
     SourceTree,
+    dotted_name,
     instance_attributes,
     top_statements,
 )
@@ -237,7 +238,7 @@ def _assigned(target: ast.AST, name: str) -> bool:
 
 def engine_resolve(tree: SourceTree, module: str, expr: ast.AST | str) -> Found | None:
     """A dotted expression (``a.b.C``) written in engine ``module``, resolved like :meth:`SourceTree.resolve_expr`."""
-    dotted = expr if isinstance(expr, str) else _dotted(expr)
+    dotted = expr if isinstance(expr, str) else dotted_name(expr)
     if not dotted:
         return None
     head, *rest = dotted.split(".")
@@ -254,16 +255,6 @@ def engine_resolve(tree: SourceTree, module: str, expr: ast.AST | str) -> Found 
     return found
 
 
-def _dotted(node: ast.AST) -> str:
-    """``a.b.c`` of a Name/Attribute chain, '' for anything else."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else ""
-    return ""
-
-
 def annotation_classes(
     tree: SourceTree, module: str, ann: ast.AST | None, owner: Found | None
 ) -> list[Found]:
@@ -278,14 +269,14 @@ def annotation_classes(
     if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
         return _union(tree, module, [ann.left, ann.right], owner)
     if isinstance(ann, ast.Subscript):
-        base = _dotted(ann.value).split(".")[-1]
+        base = dotted_name(ann.value).split(".")[-1]
         if base in ("Optional", "Union"):
             elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
             return _union(tree, module, elts, owner)
         if base == "Annotated" and isinstance(ann.slice, ast.Tuple):
             return annotation_classes(tree, module, ann.slice.elts[0], owner)
         return []
-    name = _dotted(ann)
+    name = dotted_name(ann)
     if name.split(".")[-1] == "Self" and owner is not None:
         return [owner]
     found = engine_resolve(tree, module, ann) if name else None
@@ -301,7 +292,7 @@ def _union(tree: SourceTree, module: str, members: list[ast.expr], owner: Found 
     """The classes of a union annotation; none when a member (other than ``None``) is not an engine class."""
     out: list[Found] = []
     for m in members:
-        if (isinstance(m, ast.Constant) and m.value is None) or _dotted(m) == "None":
+        if (isinstance(m, ast.Constant) and m.value is None) or dotted_name(m) == "None":
             continue
         found = annotation_classes(tree, module, m, owner)
         if not found:
@@ -326,7 +317,7 @@ def val_of(tree: SourceTree, found: Found, oid: str = "") -> Val:
 
 def _is_property(fn: ast.AST) -> bool:
     """Whether a method is a ``property`` / ``cached_property``."""
-    names = {_dotted(d).split(".")[-1] for d in getattr(fn, "decorator_list", [])}
+    names = {dotted_name(d).split(".")[-1] for d in getattr(fn, "decorator_list", [])}
     return bool(names & {"property", "cached_property"})
 
 
@@ -351,11 +342,11 @@ def container_elements(
         except SyntaxError:
             return []
     if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
-        sides = [a for a in (ann.left, ann.right) if _dotted(a) != "None" and not _is_none(a)]
+        sides = [a for a in (ann.left, ann.right) if dotted_name(a) != "None" and not _is_none(a)]
         return container_elements(tree, module, sides[0], owner) if len(sides) == 1 else []
     if not isinstance(ann, ast.Subscript):
         return []
-    base = _dotted(ann.value).split(".")[-1]
+    base = dotted_name(ann.value).split(".")[-1]
     args = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
     if base == "Optional":
         return container_elements(tree, module, args[0], owner)
@@ -455,7 +446,7 @@ def engine_attr(tree: SourceTree, recv: Val, attr: str) -> Val:
         if hit is None:
             return UNKNOWN
         v = val_of(tree, hit)
-        plain = {_dotted(d).split(".")[-1] for d in getattr(hit.node, "decorator_list", [])}
+        plain = {dotted_name(d).split(".")[-1] for d in getattr(hit.node, "decorator_list", [])}
         if v.kind == "emeth" and not plain & {"classmethod", "staticmethod"}:
             return Val("emeth", v.finds, via_class=True)
         return v

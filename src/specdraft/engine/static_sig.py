@@ -124,6 +124,16 @@ def top_statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
             yield from top_statements(s.finalbody)
 
 
+def dotted_name(node: ast.AST) -> str:
+    """``a.b.c`` of a Name/Attribute chain, '' for anything else (calls and subscripts included)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
+
+
 def _dotted(node: ast.AST) -> str:
     """``a.b.c`` for Name/Attribute chains, the callee for calls, '' otherwise."""
     if isinstance(node, ast.Call):
