@@ -1,0 +1,52 @@
+"""Which k serves best here: one exported draft in vLLM at several k, batch 1 and batched, in one run.
+
+    python benchmarks/serving.py EXPORT [--target smollm2-135m] [--ks 1,2,3,5] [--prompts 16]
+                                 [--batch1-prompts 8] [--max-new-tokens 64]
+
+For each k the target is served alone and with the draft (`specdraft.eval.serving.evaluate_vllm`, greedy,
+lossless-checked) over the first MT-bench first turns: all of them batched, the first `--batch1-prompts` one
+at a time. Prints per k: tau, the speed-up batched and at batch 1, and what a round costs in target-only
+decoding steps (k draft steps + a (k+1)-token verify); then the k with the best batch-1 speed-up. A speed-up
+is about tau / round cost, so a small k wins when the draft's later positions are rarely accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specdraft.eval.serving import evaluate_vllm
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("export", help="a `specdraft export` directory (speculators or eagle3)")
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--ks", default="1,2,3,5")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--batch1-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    a = p.parse_args()
+    rows = []
+    for k in (int(x) for x in a.ks.split(",")):
+        rep = evaluate_vllm([a.export], target=a.target, prompts="mtbench", k=k, max_new_tokens=a.max_new_tokens,
+                            max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, progress=False)  # fmt: skip
+        d = rep["drafts"][a.export]
+        b1 = d["batch1"]
+        rows.append({"k": k, "tau": round(d["tau"], 3), "speedup_batched": d["speedup"],
+                     "speedup_batch1": b1["speedup"], "round_cost": b1["round_cost_in_target_steps"],
+                     "tau_batch1": round(b1["tau"], 3), "lossless": d["lossless"]["ok"]})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'k':>3}{'tau':>8}{'batched':>9}{'batch 1':>9}{'round cost':>12}  lossless")
+    for r in rows:
+        print(f"{r['k']:>3}{r['tau']:>8.3f}{r['speedup_batched']:>8.2f}x{r['speedup_batch1']:>8.2f}x"
+              f"{r['round_cost']:>12.2f}  {r['lossless']}")  # fmt: skip
+    best = max(rows, key=lambda r: r["speedup_batch1"])
+    verdict = "faster than" if best["speedup_batch1"] > 1 else "still slower than"
+    print(
+        f"best at batch 1 on this machine: k={best['k']} (x{best['speedup_batch1']:.2f}, {verdict} the target alone)"
+    )
+
+
+if __name__ == "__main__":
+    main()
