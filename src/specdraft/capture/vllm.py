@@ -547,9 +547,7 @@ class VLLMCapture:
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
-        note = vllm_rpc.cpu_thread_binding(tensor_parallel_size)
-        if note:
-            print(note, flush=True)
+        vllm_rpc.cpu_thread_binding(tensor_parallel_size)
         self.llm = engines.call("vllm.LLM", user_kwargs=user, **kw)
         self._sampling = engines.call("vllm.SamplingParams", max_tokens=1, temperature=0.0, detokenize=False)
         self.num_layers = -1

