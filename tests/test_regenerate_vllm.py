@@ -33,3 +33,12 @@ def test_greedy_replies_equal_between_vllm_and_transformers(tmp_path, monkeypatc
     totals = {e: json.loads((tmp_path / e / SETTINGS_FILE).read_text())["totals"] for e in out}
     assert totals["hf"] == totals["vllm"]  # the same stop reasons and reply tokens
     assert (tmp_path / "vllm" / OUTPUT_FILE).read_text() == (tmp_path / "hf" / OUTPUT_FILE).read_text()
+
+
+def test_unknown_engine_options_are_refused_before_the_engine_loads(tmp_path):
+    with pytest.raises(ValueError, match=r"\['max_num_seq'\] are not vllm.EngineArgs fields.*did you mean"):
+        regenerate(
+            "sharegpt", str(tmp_path / "r"), engine="vllm", max_samples=1, engine_args='{"max_num_seq": 4}'
+        )
+    with pytest.raises(ValueError, match="--engine-args must be a JSON object"):
+        regenerate("sharegpt", str(tmp_path / "r2"), engine="vllm", max_samples=1, engine_args="[1]")

@@ -253,22 +253,17 @@ def _check_arguments(
 def _parse_engine_args(engine_args: str, backend: str) -> tuple[dict, str]:
     """(the JSON object of --engine-args, "") or ({}, what is wrong with it); with the vllm backend its
     keys are checked against the installed vLLM (`check_engine_args`) before anything loads."""
-    if not engine_args.strip():
-        return {}, ""
-    try:
-        parsed = json.loads(engine_args)
-    except json.JSONDecodeError as e:
-        return {}, f"--engine-args is not valid JSON ({e.msg} at character {e.pos}): {engine_args!r}"
-    if not isinstance(parsed, dict):
-        example = "'{\"enable_expert_parallel\": true}'"
-        return {}, f"--engine-args must be a JSON object like {example}, not {engine_args!r}"
-    if backend == "vllm":
-        from specdraft.capture.vllm import check_engine_args
+    from specdraft.engine.options import parse_engine_args
 
-        try:
+    try:
+        parsed = parse_engine_args(engine_args)
+        if parsed and backend == "vllm":
+            from specdraft.capture.vllm import check_engine_args
+
             check_engine_args(parsed)
-        except ValueError as e:
-            return {}, f"--engine-args: {e}"
+    except ValueError as e:
+        msg = str(e)
+        return {}, msg if msg.startswith("--engine-args") else f"--engine-args: {msg}"
     return parsed, ""
 
 

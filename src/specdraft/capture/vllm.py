@@ -68,7 +68,7 @@ import torch
 from torch import nn
 
 from specdraft.engine import contract as engines
-from specdraft.engine import vllm_rpc
+from specdraft.engine import options, vllm_rpc
 from specdraft.targets import find_layout
 
 EXTENSION_PATH = "specdraft.capture.vllm.SpecdraftWorkerExtension"
@@ -430,22 +430,10 @@ def check_engine_args(engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
     Raises:
         ValueError: an unknown, backend-owned or unsupported option.
     """
-    import dataclasses
-    import difflib
-    import inspect
-
     args = dict(engine_args or {})
     if not args:
         return args
-    known = {f.name for f in dataclasses.fields(engines.get("vllm.EngineArgs"))}
-    known |= {n for n in inspect.signature(engines.get("vllm.LLM")).parameters if n not in ("self", "kwargs")}
-    unknown = sorted(k for k in args if k not in known)
-    if unknown:
-        hints = {k: difflib.get_close_matches(k, known, n=2) for k in unknown}
-        raise ValueError(
-            f"engine option(s) {unknown} are not vllm.EngineArgs fields of the installed vLLM"
-            + "".join(f"; {k}: did you mean {h}?" for k, h in hints.items() if h)
-        )
+    options.check_known_options(args)
     fixed = sorted(k for k in args if k in _FIXED_OPTIONS)
     if fixed:
         raise ValueError(

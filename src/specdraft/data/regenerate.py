@@ -239,6 +239,7 @@ def regenerate(
         trust_remote_code: allow model code shipped with the target.
     """
     from specdraft.data.prepare import sharegpt_path
+    from specdraft.engine.options import parse_engine_args
     from specdraft.fileio import DTYPES
     from specdraft.targets import load_target
 
@@ -250,15 +251,10 @@ def regenerate(
     if engine == "hf" and (tensor_parallel_size != 1 or engine_args):
         errors.append("--tensor-parallel-size and --engine-args apply to --engine vllm only")
     extra = {}
-    if engine_args:
-        try:
-            extra = json.loads(engine_args)
-        except json.JSONDecodeError as e:
-            errors.append(
-                f"--engine-args is not valid JSON ({e}); give an object, e.g. '{{\"max_num_seqs\": 64}}'"
-            )
-        if not isinstance(extra, dict):
-            errors.append("--engine-args must be a JSON object")
+    try:
+        extra = parse_engine_args(engine_args)
+    except ValueError as e:
+        errors.append(str(e))
     if dtype not in DTYPES:
         errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     for name, v in (("max-new-tokens", max_new_tokens), ("chunk-size", chunk_size), ("max-prompt-tokens", max_prompt_tokens)):  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.engine import vllm_rpc
+from specdraft.engine import options, vllm_rpc
 
 
 class VLLMGenerator:
@@ -40,6 +40,7 @@ class VLLMGenerator:
         trust_remote_code: bool = False,
         engine_args: dict[str, Any] | None = None,
     ):
+        options.check_known_options(engine_args or {})  # before anything loads
         self.stop_ids = stop_ids
         kw: dict[str, Any] = dict(model=target_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                   tensor_parallel_size=tensor_parallel_size, enforce_eager=True)  # fmt: skip

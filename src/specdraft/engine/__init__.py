@@ -2,7 +2,8 @@
 
 Owns every external engine entry point specdraft relies on (`contract.py`, declared once, with the export
 formats in `formats.py` and the conventions, option keys, metric names and environment variables in
-`usage.py`), the helpers that carry calls and blobs to vLLM workers through that contract (`vllm_rpc.py`),
+`usage.py`), the helpers that carry calls and blobs to vLLM workers through that contract (`vllm_rpc.py`), the
+parsing and checking of a user's `--engine-args` (`options.py`),
 the static signature reader for another version's source (`static_sig.py`), another release's wheel, pins
 and cache (`release.py`), the binding checks (`check.py`; the export formats against vLLM's and SGLang's
 readers in `format_check.py`, `format_model.py`, `config_reads.py`, `format_against.py`; `usage_check.py`),

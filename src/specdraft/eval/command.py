@@ -146,19 +146,11 @@ def _evaluate_with_vllm(
 def _engine_kwargs(tensor_parallel_size: int, engine_args: str) -> dict:
     """vLLM options from the command line, checked against the installed vLLM before anything loads."""
     from specdraft.capture.vllm import check_engine_args
+    from specdraft.engine.options import parse_engine_args
 
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be at least 1, not {tensor_parallel_size}")
-    try:
-        user = json.loads(engine_args) if engine_args else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"--engine-args is not valid JSON ({e}): give an object, e.g. '{{\"max_num_seqs\": 8}}'"
-        ) from None
-    if not isinstance(user, dict):
-        raise ValueError(
-            f"--engine-args must be a JSON object of LLM(...) options, not {type(user).__name__}"
-        )
+    user = parse_engine_args(engine_args)
     if "tensor_parallel_size" in user:
         raise ValueError("give the tensor-parallel size with --tensor-parallel-size, not in --engine-args")
     checked = check_engine_args(user)
