@@ -19,7 +19,6 @@ from specdraft.eval.parity import compare_with_reference, drafter_parity
 from specdraft.eval.prompts import (
     Prompt,
     collect_prompts,
-    read_generation_config,
     render_prompt,
     render_turn,
 )
@@ -29,7 +28,7 @@ from specdraft.eval.stats import acceptance_stats, counter_stats
 from specdraft.eval.vllm_engine import _diff_counters
 from specdraft.eval.vllm_worker import DrafterWorkerExtension
 from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft
-from specdraft.targets import stop_ids
+from specdraft.targets import read_generation_config, stop_ids
 
 
 def test_counter_stats_use_the_reference_definitions():

@@ -422,6 +422,12 @@ def load_text_config(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = Fal
         raise (_remote_code_error(name, e) or e) from e
 
 
+def read_generation_config(model_dir: str | Path) -> dict:
+    """The ``generation_config.json`` of a model directory as a dict ({} when there is none)."""
+    gen = Path(model_dir) / "generation_config.json"
+    return json.loads(gen.read_text()) if gen.is_file() else {}
+
+
 def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
     """End-of-sequence ids: the tokenizer's EOS and the generation config's ``eos_token_id`` (int or list).
 

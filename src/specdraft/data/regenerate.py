@@ -310,15 +310,13 @@ def _vllm_generator(target: str, dtype: str, max_model_len: int, tp: int, seed: 
                     engine_args: dict):  # fmt: skip
     """(VLLMGenerator, tokenizer) for `target`; the embedded default is converted to its HF dir first."""
     from specdraft.data.vllm_replies import VLLMGenerator
-    from specdraft.targets import load_tokenizer, resolve_target_dir
+    from specdraft.targets import load_tokenizer, read_generation_config, resolve_target_dir
 
     target_dir = resolve_target_dir(target, convert=True)
     if target_dir is None:
         raise ValueError(f"{target}: --engine vllm needs a local model directory (or the embedded default)")
     tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
-    gen_file = Path(target_dir) / "generation_config.json"
-    gen_cfg = json.loads(gen_file.read_text()) if gen_file.exists() else None
-    stops = _stops(target, tokenizer, gen_cfg)
+    stops = _stops(target, tokenizer, read_generation_config(target_dir))
     gen = VLLMGenerator(str(target_dir), stops, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tp,
                         seed=seed, trust_remote_code=trust_remote_code, engine_args=engine_args)  # fmt: skip
     return gen, tokenizer

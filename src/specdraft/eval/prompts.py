@@ -133,11 +133,3 @@ def render_turn(tokenizer: Any, p: Prompt, turn: int, answers: list[str]) -> lis
     if p.messages is not None:
         return _chat_ids(tokenizer, p.messages)
     return render_prompt(tokenizer, p.turns[: turn + 1], answers[:turn])
-
-
-def read_generation_config(model_dir: str | Path) -> dict:
-    """The ``generation_config.json`` of a model directory as a dict ({} when there is none)."""
-    import json
-
-    gen = Path(model_dir) / "generation_config.json"
-    return json.loads(gen.read_text()) if gen.is_file() else {}

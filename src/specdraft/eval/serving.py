@@ -49,10 +49,10 @@ from typing import Any
 import torch
 
 from specdraft.eval.parity import compare_with_reference
-from specdraft.eval.prompts import Prompt, collect_prompts, read_generation_config, render_turn
+from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.stats import counter_stats, divergence
 from specdraft.eval.vllm_engine import VLLMEngine
-from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
+from specdraft.targets import EMBEDDED_DEFAULT, read_generation_config, stop_ids
 
 REPORT_FILE = "report_vllm.json"
 
