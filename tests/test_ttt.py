@@ -175,8 +175,8 @@ class IndexDraft(nn.Module):
         return torch.arange(n, dtype=torch.float)[None, :, None].expand(B, n, 1) + self.w  # (B, T, 1)
 
     def compute_logits(self, h):
-        idx = h[..., 0].long().clamp(max=self.logits.shape[1] - 1)  # (B, n)
-        return torch.gather(self.logits, 1, idx[..., None].expand(-1, -1, self.logits.shape[2])) + 0 * h
+        flat = self.logits.flatten(0, 1)  # (B T, Vd); B = 1 here, so h's slot index is its row
+        return flat[h[..., 0].long().clamp(max=len(flat) - 1)] + 0 * h  # (..., Vd)
 
 
 def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False):
@@ -214,18 +214,22 @@ def test_out_of_vocabulary_positions_are_dropped_and_scored_against_full_argmax(
     def run(logits):
         m = TTTModel(IndexDraft(logits), K, 0.8, checkpoint_head=False)
         ids, aux = torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, 3)
-        return m(ids, aux, t.logp, t.top, b.loss_mask, t.kl_mask, t.counts[1])  # loss, kl (K,), agree (K,)
+        return m(
+            ids, aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask, t.counts[1]
+        )  # loss, kl, agree
 
+    # the teacher is computed only where the next token is scored: positions 0..4 (tokens 1..5)
+    assert t.row[0].tolist() == [0, 1, 2, 3, 4, -1] and t.p.shape == (5, VD)
+    logp = torch.zeros(1, T, VD)  # (1, T, Vd) the teacher's log-probs at its positions
+    logp[0, :5] = t.p.log()
     # KL: a uniform draft has KL = log Vd - entropy(teacher) at each scored teacher position
     _, kl, _ = run(torch.zeros(1, T, VD))
-    per_pos = (
-        torch.log(torch.tensor(float(VD))) + (t.logp.exp() * t.logp).sum(-1)[0]
-    )  # (T,) teacher positions
+    per_pos = torch.log(torch.tensor(float(VD))) + F.pad(t.negent, (0, 1))  # (T,) teacher positions
     teach = [[2, 4], [2, 4]] if oov_mask else [[1, 2, 3, 4], [2, 3, 4]]  # teacher positions of kept tokens
     torch.testing.assert_close(kl, torch.stack([per_pos[p].sum() for p in teach]))
 
     # accuracy against the full-vocabulary argmax over every loss position, and the logged shares
-    loss, kl_copy, agree = run(t.logp)  # the draft copies the teacher's draft-vocabulary distribution
+    loss, kl_copy, agree = run(logp)  # the draft copies the teacher's draft-vocabulary distribution
     assert float(loss.detach()) < 1e-6 and agree.tolist() == [2, 2]
     rec = loop._step_means(kl, agree, t.counts, 0.8)
     assert rec["acc"] == pytest.approx([2 / 4, 2 / 3])
@@ -242,3 +246,10 @@ def test_keep_mask_shifts_onto_the_predicted_token():
     ]  # token p dropped when top[p - 1] == -1 (0: none)
     assert keep_mask(mask, top, False) is mask
     assert step_token_counts(keep_mask(mask, top, True), 2).tolist() == [1.0, 1.0]
+
+
+def test_head_checkpointing_auto_turns_on_past_the_budget():
+    # K x tokens x Vd x 12 B: the quickstart's 3 x 2048 x 8192 (0.6 GB) stays off, EAGLE-3's 7 x 4096 x 32000 is on
+    assert not ttt.head_checkpointing("auto", 3, 2048, 8192)
+    assert ttt.head_checkpointing("auto", 7, 4096, 32000)
+    assert ttt.head_checkpointing("on", 1, 1, 1) and not ttt.head_checkpointing("off", 7, 10**6, 10**6)

@@ -48,7 +48,7 @@ class TrainConfig:
     dtype: str = ""  # compute dtype: float32 or bfloat16 (autocast); default float32 on CPU, bfloat16 on CUDA
     fsdp: bool = False  # shard the draft with FSDP2 fully_shard instead of DDP (distributed runs)
     attention_chunk: int = 1 << 25  # TTT attention: causal scores held at a time (elements; memory, not math)
-    checkpoint_head: bool = True  # recompute lm_head + loss in backward (saves K x tokens x Vd activations)
+    checkpoint_head: str = "auto"  # recompute lm_head + loss in backward: on, off, or auto (on when K x tokens x Vd activations exceed 2 GiB)
     checkpoint_layer: bool = False  # recompute each TTT step's layer in backward (long samples)
     prefetch: bool = True  # load the next batch from the shards in a background thread
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
@@ -74,6 +74,8 @@ class TrainConfig:
             errs.append(f"--val-fraction must be in [0, 1), not {self.val_fraction}")
         if self.schedule not in ("cosine", "linear", "constant"):
             errs.append(f"--schedule must be cosine, linear or constant, not {self.schedule!r}")
+        if self.checkpoint_head not in ("auto", "on", "off"):
+            errs.append(f"--checkpoint-head must be auto, on or off, not {self.checkpoint_head!r}")
         if self.dtype not in ("", "float32", "bfloat16"):
             errs.append(f"--dtype must be float32 or bfloat16, not {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -90,4 +92,4 @@ class TrainConfig:
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
-                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "trust_remote_code", "skip_bad"}  # fmt: skip
+                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad"}  # fmt: skip

@@ -39,7 +39,14 @@ from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, b
 from specdraft.train.metrics import MetricsLog
 from specdraft.train.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup
-from specdraft.train.ttt import TeacherHead, TTTModel, keep_mask, step_token_counts
+from specdraft.train.ttt import (
+    TeacherHead,
+    TTTModel,
+    head_checkpointing,
+    keep_mask,
+    step_token_counts,
+    teacher_positions,
+)
 
 
 class NonFiniteError(ValueError):
@@ -157,8 +164,9 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     )
     st = _setup(shards, cfg, device)
     batches0, per_epoch, total, val_batches = _plan(st, cfg, world)
-    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, cfg.checkpoint_head, cfg.attention_chunk,
-                     cfg.checkpoint_layer)  # fmt: skip
+    ck_head = head_checkpointing(cfg.checkpoint_head, cfg.ttt_steps, cfg.max_tokens // world,
+                                 st.draft.cfg.draft_vocab_size)  # fmt: skip
+    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, ck_head, cfg.attention_chunk, cfg.checkpoint_layer)
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
     if rank == 0:
@@ -241,25 +249,36 @@ def _advance(run: _Run, cur: _Cursor) -> _Cursor:
 class _Teacher:
     """The teacher of one batch and its per-TTT-step token counts (this rank's, or global after `_all_sum`)."""
 
-    logp: torch.Tensor  # (B, T, Vd) log-softmax over the draft vocabulary, fp32
+    p: torch.Tensor  # (N, Vd) probabilities over the draft vocabulary at the N used positions, fp32
+    negent: torch.Tensor  # (N,) sum over Vd of p log p (minus the entropy): the KL's constant term
     top: torch.Tensor  # (B, T) draft index of the full-vocabulary argmax, -1 outside the draft vocabulary
+    row: torch.Tensor  # (B, T) the row of each position in p, -1 where the teacher is not needed
     kl_mask: torch.Tensor  # (B, T) the loss mask, less the out-of-vocabulary positions with --oov-mask
     counts: torch.Tensor  # (3, K): loss-masked tokens (accuracy), KL tokens, out-of-vocabulary tokens
 
 
 def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp) -> _Teacher:
-    """Teacher log-probs, full-vocabulary argmax, the KL mask (EAGLE-3's `t2d[argmax]` with --oov-mask), counts."""
+    """Teacher probabilities and full-vocabulary argmax at the positions the loss reads (the next token is
+    loss-masked; prompt and padding positions are skipped), the KL mask (EAGLE-3's `t2d[argmax]` with
+    --oov-mask), counts."""
     K = cfg.ttt_steps
+    need = teacher_positions(b.loss_mask)  # (B, T)
     with torch.no_grad(), amp():
-        logits, top = teacher(b.final)  # (B, T, Vd), (B, T)
-        logp = F.log_softmax(logits, dim=-1)  # (B, T, Vd) fp32
+        logits, top_n = teacher(b.final[need])  # (N, H) -> (N, Vd), (N,)
+        logp = F.log_softmax(logits, dim=-1)  # (N, Vd) fp32
+        p = logp.exp()  # (N, Vd)
+        negent = (p * logp).sum(-1)  # (N,)
+    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)  # (B, T)
+    row[need] = torch.arange(len(top_n), device=need.device)
+    top = torch.full_like(row, -1)  # (B, T): -1 (out of vocabulary) where unused: its loss mask is 0
+    top[need] = top_n
     in_vocab = keep_mask(b.loss_mask, top, True)  # (B, T) loss positions whose target argmax is in Vd
     kl_mask = keep_mask(b.loss_mask, top, cfg.oov_mask)  # (B, T)
     n_loss = step_token_counts(b.loss_mask, K)  # (K,)
     counts = torch.stack(
         [n_loss, step_token_counts(kl_mask, K), n_loss - step_token_counts(in_vocab, K)]
     )  # (3, K)
-    return _Teacher(logp, top, kl_mask, counts.float())
+    return _Teacher(p, negent, top, row, kl_mask, counts.float())
 
 
 def _forward(
@@ -267,7 +286,7 @@ def _forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The K-step TTT unroll: this rank's loss, KL sums (K,), agreement sums (K,); counts (3, K) global."""
     with run.amp():
-        return run.wrapped(b.input_ids, b.aux, t.logp, t.top, b.loss_mask, t.kl_mask,
+        return run.wrapped(b.input_ids, b.aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask,
                            counts[1].clamp(min=1) / run.world)  # fmt: skip
 
 
@@ -353,7 +372,7 @@ def _evaluate(
             b = _to_device(load_rows(source, sids, rank, world, cfg.max_length), device)
             t = _teacher(teacher, b, cfg, amp)
             with amp():
-                _, k_s, a_s = model(b.input_ids, b.aux, t.logp, t.top, b.loss_mask, t.kl_mask,
+                _, k_s, a_s = model(b.input_ids, b.aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask,
                                     torch.ones(K, device=device))  # fmt: skip
             kl += k_s.float().cpu()
             agree += a_s.float().cpu()

@@ -23,7 +23,8 @@ position t, (T, 3H); the target's final hidden state z_t (id L, before the norm)
     Attention (`ttt_attention`): the causal scores over the step-0 keys (chunked, never (T, T) at once) and
     the i diagonal scores are merged in one softmax by their log-sum-exps; no (T, (i+1) T) mask is built.
 
-    loss = sum_i decay**i * KL(teacher_i || draft_i), each averaged over the KL-masked tokens of the whole
+    loss = sum_i decay**i * KL(teacher_i || draft_i) (a fused soft-target cross-entropy minus the
+    teacher's entropy), each averaged over the KL-masked tokens of the whole
     global batch (all ranks); acc_i = share of the loss-masked tokens where the draft's top-1, mapped to a
     target id, equals the target's full-vocabulary top-1 (an out-of-vocabulary target is always a miss);
     oov_share_i = share of the loss-masked tokens whose target top-1 is outside the draft vocabulary.
@@ -72,26 +73,30 @@ class TeacherHead(nn.Module):
         self.register_buffer("draft_index", torch.cumsum(keep.long(), 0) - 1, persistent=False)  # (V,)
         self.softcap = target.logit_softcap
         self.chunk_elems = chunk_elems
+        self.draft_vocab_size = int(keep.sum())
 
     @torch.no_grad()
     def forward(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """final (B, T, H) -> (logits over the draft vocabulary (B, T, Vd) fp32, top (B, T) long).
+        """final (..., H) -> (logits over the draft vocabulary (..., Vd) fp32, top (...) long).
 
         `top` is the draft index of the full-vocabulary argmax (first maximum, as torch.argmax), -1 where
         that argmax is outside the draft vocabulary.
         """
-        B, T, H = final.shape
-        z = self.norm(final.to(self.weight.dtype)).reshape(B * T, H)  # (B, T, H) -> (BT, H)
+        lead, H = final.shape[:-1], final.shape[-1]
+        z = self.norm(final.to(self.weight.dtype)).reshape(-1, H)  # (..., H) -> (n, H)
         step = max(1, self.chunk_elems // self.weight.shape[0])
         logits, tops = [], []
-        for s in range(0, B * T, step):
-            full = F.linear(z[s : s + step], self.weight, self.bias).float()  # (n, V)
+        for s in range(0, z.shape[0], step):
+            full = F.linear(z[s : s + step], self.weight, self.bias).float()  # (c, V)
             if self.softcap:
                 full = torch.tanh(full / self.softcap) * self.softcap
-            top = full.argmax(-1)  # (n,) target ids
-            tops.append(torch.where(self.keep[top], self.draft_index[top], -1))  # (n,)
-            logits.append(full[:, self.keep])  # (n, Vd)
-        return torch.cat(logits).view(B, T, -1), torch.cat(tops).view(B, T)  # (B, T, Vd), (B, T)
+            top = full.argmax(-1)  # (c,) target ids
+            tops.append(torch.where(self.keep[top], self.draft_index[top], -1))  # (c,)
+            logits.append(full[:, self.keep])  # (c, Vd)
+        Vd = self.draft_vocab_size
+        if not logits:  # no position at all
+            return z.new_zeros(*lead, Vd, dtype=torch.float32), z.new_zeros(lead, dtype=torch.long)
+        return torch.cat(logits).view(*lead, Vd), torch.cat(tops).view(lead)  # (..., Vd), (...)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -273,20 +278,34 @@ def ttt_unroll(
 def _head_stats(
     draft: Eagle3Draft,
     h: torch.Tensor,
-    teacher_logp: torch.Tensor,
-    teacher_top: torch.Tensor,
+    rows: torch.Tensor,
+    teacher_p: torch.Tensor,
+    teacher_negent: torch.Tensor,
+    top: torch.Tensor,
     kl_mask: torch.Tensor,
-    acc_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked sums of KL(teacher || draft) (over kl_mask) and top-1 agreement (over acc_mask), h (B, n, H).
+    """Sums of KL(teacher || draft) (over kl_mask) and of top-1 agreement over M scored slots.
 
-    teacher_top (B, n) is the draft index of the full-vocabulary target argmax, -1 outside the draft
-    vocabulary (never agreed with).
+    h (M, H) the draft's hidden states at the scored slots only (lm_head never runs elsewhere), rows (M,)
+    their teacher rows in teacher_p (N, Vd) and teacher_negent (N,), top (M,) the draft index of the
+    full-vocabulary target argmax (-1 outside the draft vocabulary: never agreed with), kl_mask (M,).
+    KL(p || q) = sum p log p - sum p log q: the first term (`teacher_negent`) is the teacher's, computed
+    once per batch; the second is one fused soft-target cross-entropy (log-softmax and its backward in
+    one kernel, no (M, Vd) temporaries of our own).
     """
-    logq = F.log_softmax(draft.compute_logits(h).float(), dim=-1)  # (B, n, Vd)
-    kl = (teacher_logp.exp() * (teacher_logp - logq)).sum(-1)  # (B, n)
-    agree = (logq.argmax(-1) == teacher_top).float()  # (B, n)
-    return (kl * kl_mask).sum(), (agree * acc_mask).sum().detach()
+    logits = draft.compute_logits(h).float()  # (M, Vd)
+    ce = F.cross_entropy(logits, teacher_p[rows], reduction="none")  # (M,): - sum p log q
+    kl = ce + teacher_negent[rows]  # (M,)
+    agree = (logits.argmax(-1) == top).float()  # (M,): log-softmax keeps the argmax
+    return (kl * kl_mask).sum(), agree.sum().detach()
+
+
+def head_checkpointing(setting: str, ttt_steps: int, tokens: int, vocab: int, budget: int = 2 << 30) -> bool:
+    """Whether to recompute lm_head + loss in backward: `on`, `off`, or `auto` = on when the K steps'
+    saved head activations (about 3 fp32 (tokens, Vd) tensors a step: logits, log-softmax, gradient
+    buffer) would exceed `budget` bytes (2 GiB)."""
+    assert setting in ("auto", "on", "off"), setting
+    return setting == "on" or (setting == "auto" and ttt_steps * tokens * vocab * 12 > budget)
 
 
 class TTTModel(nn.Module):
@@ -313,8 +332,10 @@ class TTTModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         aux: torch.Tensor,
-        teacher_logp: torch.Tensor,
+        teacher_p: torch.Tensor,
+        teacher_negent: torch.Tensor,
         teacher_top: torch.Tensor,
+        teacher_row: torch.Tensor,
         loss_mask: torch.Tensor,
         kl_mask: torch.Tensor,
         norm: torch.Tensor,
@@ -324,8 +345,11 @@ class TTTModel(nn.Module):
         Args:
             input_ids: (B, T) token ids, right-padded.
             aux: (B, T, 3H) target aux features.
-            teacher_logp: (B, T, Vd) log-softmax of the teacher at every position (position t predicts t+1).
+            teacher_p: (N, Vd) the teacher's probabilities at the N teacher positions that are used: those
+                whose next token is loss-masked (`teacher_positions`).
+            teacher_negent: (N,) sum over Vd of p log p (minus the teacher's entropy) at those positions.
             teacher_top: (B, T) draft index of the full-vocabulary target argmax at t, -1 if outside.
+            teacher_row: (B, T) the row of position t in teacher_p, -1 where the teacher was not computed.
             loss_mask: (B, T) float over predicted tokens, 0 on padding: the accuracy's positions.
             kl_mask: (B, T) float over predicted tokens: the KL's positions (`keep_mask`).
             norm: (K,) the per-step divisor of the KL sums (global kl_mask counts / world size).
@@ -347,9 +371,13 @@ class TTTModel(nn.Module):
                 kl_sums.append(loss.new_zeros(()))
                 agree_sums.append(loss.new_zeros(()))
                 continue
-            # slots 0..n-1; teacher shifted by 1 + i, masks by 2 + i (the predicted token x_{t+2+i})
-            args = (h[:, :n], teacher_logp[:, 1 + i : 1 + i + n], teacher_top[:, 1 + i : 1 + i + n],
-                    kmask[:, 2 + i : 2 + i + n], lmask[:, 2 + i : 2 + i + n])  # (B, n, H), (B, n, Vd), 3 x (B, n)  # fmt: skip
+            # slots 0..n-1; teacher shifted by 1 + i, masks by 2 + i (the predicted token x_{t+2+i}); only
+            # the scored slots (loss mask > 0; the KL's are a subset) reach lm_head
+            scored = lmask[:, 2 + i : 2 + i + n] > 0  # (B, n)
+            rows = teacher_row[:, 1 + i : 1 + i + n][scored]  # (M,) teacher rows of the scored slots
+            assert bool((rows >= 0).all()), "a scored slot without its teacher row (teacher_positions)"
+            args = (h[:, :n][scored], rows, teacher_p, teacher_negent, teacher_top[:, 1 + i : 1 + i + n][scored],
+                    kmask[:, 2 + i : 2 + i + n][scored])  # (M, H), (M,), (N, Vd), (N,), (M,), (M,)  # fmt: skip
             if self.checkpoint_head and torch.is_grad_enabled():
                 kl, agree = grad_checkpoint(_head_stats, self.draft, *args, use_reentrant=False)
             else:
@@ -358,6 +386,12 @@ class TTTModel(nn.Module):
             kl_sums.append(kl.detach())
             agree_sums.append(agree)
         return loss, torch.stack(kl_sums), torch.stack(agree_sums)  # (), (K,), (K,)
+
+
+def teacher_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the teacher positions q whose next token q + 1 is loss-masked, the only ones any TTT
+    step reads (step i scores slot t with the teacher at t + 1 + i and the mask at t + 2 + i)."""
+    return F.pad(loss_mask[:, 1:], (0, 1)) > 0  # (B, T): shifted by 1 onto the teacher position
 
 
 def keep_mask(loss_mask: torch.Tensor, teacher_top: torch.Tensor, oov_mask: bool) -> torch.Tensor:
