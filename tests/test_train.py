@@ -124,7 +124,7 @@ def dense_teacher(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return p, (p * logp.flatten(0, 1)).sum(-1), torch.arange(B * T).view(B, T)
 
 
-def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False):
+def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False, live=None):
     """`ttt_unroll` for the stub drafts: step i's hidden state is the fused input + shift * (i + 1)."""
     h = draft.fuse(aux)  # (B, T, 1)
     for _ in range(ttt_steps):

@@ -133,6 +133,40 @@ def test_ttt_unroll_equals_masked_unroll(norm_before_residual, dtype, ck):
         close(new_g[n], old_g[n], msg=n)
 
 
+@pytest.mark.parametrize("chunk,ck", [(1 << 20, False), (2 * 4 * 9 * 2, False), (2 * 4 * 9 * 2, True)])
+def test_live_slots_only_equal_every_slot(chunk, ck):
+    """Computing each TTT step only at its live slots (`live_slots`) gives the same hidden states at every
+    scored slot and the same gradients as computing every slot: fp64, ragged rows (a prompt, a gap inside
+    an answer, padding), the dense attention (one chunk) and the chunked one (2 rows a chunk), with and
+    without `checkpoint_layer`."""
+    draft = tiny_draft(False).to(torch.float64)
+    g = torch.Generator().manual_seed(3)
+    B, T, K = 2, 9, 3
+    ids = torch.randint(0, 40, (B, T), generator=g)
+    aux = torch.randn(B, T, 3 * 32, generator=g).double()
+    mask = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0, 1, 0]], dtype=torch.float64)
+    live = ttt.live_slots(mask, K)
+    # row 1: step 0 scores slots 0, 1, 5 (tokens 2, 3, 7), step 1 slots 0, 4, step 2 slot 3
+    assert live[0][1].tolist() == [True, True, False, True, True, True, False, False, False]
+    assert live[2][1].tolist() == [False, False, False, True, False, False, False, False, False]
+    scored = [F.pad(mask, (0, K + 2))[:, 2 + i : 2 + i + T] > 0 for i in range(K)]  # (B, T) per step
+    weights = [torch.randn(B, T, 32, generator=g).double() for _ in range(K)]
+
+    def run(lv):
+        draft.zero_grad()
+        hs = list(ttt_unroll(draft, ids, aux, K, chunk_elems=chunk, checkpoint_layer=ck, live=lv))
+        sum((h * w * s[..., None]).sum() for h, w, s in zip(hs, weights, scored)).backward()
+        return [h[s] for h, s in zip(hs, scored)], {n: p.grad.clone() for n, p in draft.named_parameters()
+                                                     if p.grad is not None}  # fmt: skip
+
+    (new_h, new_g), (old_h, old_g) = run(live), run(None)
+    for a, b in zip(new_h, old_h):
+        close(a, b)
+    assert new_g.keys() == old_g.keys() and "midlayer.self_attn.q_proj.weight" in old_g
+    for n in old_g:
+        close(new_g[n], old_g[n], msg=n)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # out-of-vocabulary target positions
 # ---------------------------------------------------------------------------------------------------------
@@ -179,7 +213,7 @@ class IndexDraft(nn.Module):
         return flat[h[..., 0].long().clamp(max=len(flat) - 1)] + 0 * h  # (..., Vd)
 
 
-def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False):
+def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False, live=None):
     h = draft.fuse(aux)  # (B, T, 1): the slot index
     for _ in range(ttt_steps):
         h = h + 1  # step i: t + 1 + i

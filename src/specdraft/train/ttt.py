@@ -23,6 +23,11 @@ position t, (T, 3H); the target's final hidden state z_t (id L, before the norm)
     Attention (`ttt_attention`): the causal scores over the step-0 keys (chunked, never (T, T) at once) and
     the i diagonal scores are merged in one softmax by their log-sum-exps; no (T, (i+1) T) mask is built.
 
+    Only what the loss reads is computed: step i runs at its live slots (`live_slots`: scored at step i or
+    later; step 0 still computes keys and values at every slot, the causal prefix of every query), lm_head
+    at the scored slots, and the teacher at the positions whose next token is loss-masked. Prompt tokens
+    and padding cost only step 0's keys and values.
+
     loss = sum_i decay**i * KL(teacher_i || draft_i) (a fused soft-target cross-entropy minus the
     teacher's entropy), each averaged over the KL-masked tokens of the whole
     global batch (all ranks); acc_i = share of the loss-masked tokens where the draft's top-1, mapped to a
@@ -109,16 +114,19 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def _chunk_scores(q_c, k_b, a: int, scale: float) -> torch.Tensor:
-    """Causal fp32 scores of query rows a .. a+C-1 over keys 0 .. b-1 (b = a + C), -inf above the diagonal.
+def _chunk_scores(q_c, k_b, a: int, scale: float, qpos_c=None) -> torch.Tensor:
+    """Causal fp32 scores of query rows a .. a+C-1 over keys 0 .. b-1, -inf where a key's slot is past the
+    query's: the query at row r sits at slot r (qpos_c None) or at slot qpos_c[:, r - a] ((B, C)).
 
     q_c (B, kvh, g, C, d), k_b (B, kvh, 1, b, d) -> (B, kvh, g, C, b).
     """
     C, b = q_c.shape[-2], k_b.shape[-2]
     s = _wide(torch.matmul(q_c, k_b.transpose(-1, -2))) * scale  # (B, kvh, g, C, b)
-    above = (
-        torch.arange(b, device=s.device)[None] > torch.arange(a, a + C, device=s.device)[:, None]
-    )  # (C, b)
+    keys = torch.arange(b, device=s.device)  # (b,)
+    if qpos_c is None:
+        above = keys[None] > torch.arange(a, a + C, device=s.device)[:, None]  # (C, b)
+    else:
+        above = (keys[None, None] > qpos_c[..., None])[:, None, None]  # (B, C, b) -> (B, 1, 1, C, b)
     return s.masked_fill(above, float("-inf"))
 
 
@@ -127,118 +135,180 @@ class _CausalLSE(torch.autograd.Function):
 
     Nothing of size T x T is ever held: the forward keeps (out, lse), the backward recomputes each chunk's
     probabilities. The gradient includes the lse output's (dS = P * (dP - rowsum(dO * out) + dlse)).
-    q (B, kvh, g, T, d) (query heads grouped by their kv head), k, v (B, kvh, 1, T, d) ->
-    out (B, kvh, g, T, d), lse (B, kvh, g, T) fp32.
+    q (B, kvh, g, L, d) (query heads grouped by their kv head), k, v (B, kvh, 1, T, d), qpos (B, L) the
+    slot of each query row (None: row r is slot r, L = T) -> out (B, kvh, g, L, d), lse (B, kvh, g, L) fp32.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, rows: int):
-        T = q.shape[-2]
+    def forward(ctx, q, k, v, scale: float, rows: int, qpos=None):
+        L = q.shape[-2]
+        # keys each chunk needs: up to its last slot (one host read of the query slots for all chunks)
+        last = list(range(L)) if qpos is None else qpos.amax(0).tolist()  # (L,) max slot over the batch
+        ends = [max(last[a : a + rows]) + 1 for a in range(0, L, rows)]
         out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_wide(q).dtype)
-        for a in range(0, T, rows):
-            b = min(a + rows, T)
-            s = _chunk_scores(q[..., a:b, :], k[..., :b, :], a, scale)  # (B, kvh, g, C, b)
-            lse[..., a:b] = torch.logsumexp(s, -1)  # (B, kvh, g, C)
-            p = torch.exp(s - lse[..., a:b, None])  # (B, kvh, g, C, b)
-            out[..., a:b, :] = torch.matmul(p.to(v.dtype), v[..., :b, :])  # (B, kvh, g, C, d)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.rows = scale, rows
+        for a, b in zip(range(0, L, rows), ends):
+            c = min(a + rows, L)
+            qp = None if qpos is None else qpos[:, a:c]  # (B, C)
+            s = _chunk_scores(q[..., a:c, :], k[..., :b, :], a, scale, qp)  # (B, kvh, g, C, b)
+            lse[..., a:c] = torch.logsumexp(s, -1)  # (B, kvh, g, C)
+            p = torch.exp(s - lse[..., a:c, None])  # (B, kvh, g, C, b)
+            out[..., a:c, :] = torch.matmul(p.to(v.dtype), v[..., :b, :])  # (B, kvh, g, C, d)
+        ctx.save_for_backward(q, k, v, out, lse, qpos)
+        ctx.scale, ctx.rows, ctx.ends = scale, rows, ends
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        scale, rows, T = ctx.scale, ctx.rows, q.shape[-2]
+        q, k, v, out, lse, qpos = ctx.saved_tensors
+        scale, rows, L = ctx.scale, ctx.rows, q.shape[-2]
         dq = torch.empty_like(q)
         dk, dv = torch.zeros_like(_wide(k)), torch.zeros_like(_wide(v))
-        delta = (_wide(d_out) * _wide(out)).sum(-1) - d_lse  # (B, kvh, g, T)
-        for a in range(0, T, rows):
-            b = min(a + rows, T)
-            q_c, k_b, v_b, do_c = q[..., a:b, :], k[..., :b, :], v[..., :b, :], d_out[..., a:b, :]
-            p = torch.exp(_chunk_scores(q_c, k_b, a, scale) - lse[..., a:b, None])  # (B, kvh, g, C, b)
+        delta = (_wide(d_out) * _wide(out)).sum(-1) - d_lse  # (B, kvh, g, L)
+        for a, b in zip(range(0, L, rows), ctx.ends):
+            c = min(a + rows, L)
+            q_c, k_b, v_b, do_c = q[..., a:c, :], k[..., :b, :], v[..., :b, :], d_out[..., a:c, :]
+            qp = None if qpos is None else qpos[:, a:c]  # (B, C)
+            p = torch.exp(_chunk_scores(q_c, k_b, a, scale, qp) - lse[..., a:c, None])  # (B, kvh, g, C, b)
             dp = _wide(torch.matmul(do_c, v_b.transpose(-1, -2)))  # (B, kvh, g, C, b)
-            ds = p * (dp - delta[..., a:b, None]) * scale  # (B, kvh, g, C, b)
-            dq[..., a:b, :] = torch.matmul(ds.to(k.dtype), k_b)  # (B, kvh, g, C, d)
+            ds = p * (dp - delta[..., a:c, None]) * scale  # (B, kvh, g, C, b)
+            dq[..., a:c, :] = torch.matmul(ds.to(k.dtype), k_b)  # (B, kvh, g, C, d)
             # keys and values are shared by the g query heads of a group: sum over g
             dk[..., :b, :] += _wide(torch.matmul(ds.transpose(-1, -2).to(q.dtype), q_c)).sum(2, keepdim=True)
             dv[..., :b, :] += _wide(torch.matmul(p.transpose(-1, -2).to(do_c.dtype), do_c)).sum(
                 2, keepdim=True
             )
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
-def ttt_attention(q: torch.Tensor, keys: list, chunk_elems: int = 1 << 25) -> torch.Tensor:
+def ttt_attention(q: torch.Tensor, keys: list, chunk_elems: int = 1 << 25, qpos=None) -> torch.Tensor:
     """Attention of TTT step i = len(keys) - 1 without a (T, (i+1) T) mask.
 
-    q (B, nh, T, d): step i's queries; keys [(k_j, v_j)] of steps 0..i, each (B, nkv, T, d) (GQA: query
-    head h reads kv head h // (nh / nkv), as the draft's repeat_interleave). Slot t attends to step-0 keys
-    0..t (causal, chunked: about `chunk_elems` scores at a time) and to step j's key at slot t for
-    j = 1..i; the two parts are merged in one softmax by their log-sum-exps. Returns (B, nh, T, d).
+    q (B, nh, L, d): step i's queries, at slots qpos (B, L) (None: every slot, L = T); keys [(k_j, v_j)]
+    of steps 0..i: step 0's over every slot (B, nkv, T, d), each later step's at the queries' slots
+    (B, nkv, L, d) (GQA: query head h reads kv head h // (nh / nkv), as the draft's repeat_interleave).
+    The query at slot t attends to step-0 keys 0..t (causal, chunked: about `chunk_elems` scores at a
+    time) and to step j's key at slot t for j = 1..i; the two parts are merged in one softmax by their
+    log-sum-exps. Returns (B, nh, L, d).
     """
-    B, nh, T, d = q.shape
-    nkv = keys[0][0].shape[1]
-    assert nh % nkv == 0 and all(k.shape == (B, nkv, T, d) for k, _ in keys), (q.shape, keys[0][0].shape)
-    if B * nh * T * T * len(keys) <= chunk_elems:  # the dense scores fit the budget: one fused kernel call
-        return _dense_ttt_attention(q, keys)
+    B, nh, L, d = q.shape
+    nkv, T = keys[0][0].shape[1], keys[0][0].shape[2]
+    assert nh % nkv == 0 and keys[0][0].shape == (B, nkv, T, d), (q.shape, keys[0][0].shape)
+    assert (qpos is None and L == T) or (qpos is not None and qpos.shape == (B, L)), (q.shape, T)
+    assert all(k.shape == (B, nkv, L, d) for k, _ in keys[1:]), (q.shape, [k.shape for k, _ in keys])
+    if B * nh * L * (T + L * (len(keys) - 1)) <= chunk_elems:  # the dense scores fit: one fused kernel call
+        return _dense_ttt_attention(q, keys, qpos)
     g, scale = nh // nkv, d**-0.5
-    q5 = q.reshape(B, nkv, g, T, d)  # (B, nh, T, d) -> (B, nkv, g, T, d): heads grouped by kv head
+    q5 = q.reshape(B, nkv, g, L, d)  # (B, nh, L, d) -> (B, nkv, g, L, d): heads grouped by kv head
     k0, v0 = keys[0]
     rows = max(1, chunk_elems // max(1, B * nh * T))
-    out0, lse0 = _CausalLSE.apply(q5, k0[:, :, None], v0[:, :, None], scale, rows)  # (B, nkv, g, T, d|)
+    out0, lse0 = _CausalLSE.apply(q5, k0[:, :, None], v0[:, :, None], scale, rows, qpos)  # (B, nkv, g, L, d|)
     if len(keys) == 1:
-        return out0.reshape(B, nh, T, d)  # (B, nkv, g, T, d) -> (B, nh, T, d)
-    kd = torch.stack([k for k, _ in keys[1:]], dim=3)  # (B, nkv, T, i, d): step j's key at slot t
-    vd = torch.stack([v for _, v in keys[1:]], dim=3)  # (B, nkv, T, i, d)
-    sd = _wide(torch.einsum("bkgtd,bktjd->bkgtj", q5, kd)) * scale  # (B, nkv, g, T, i) diagonal scores
+        return out0.reshape(B, nh, L, d)  # (B, nkv, g, L, d) -> (B, nh, L, d)
+    kd = torch.stack([k for k, _ in keys[1:]], dim=3)  # (B, nkv, L, i, d): step j's key at the query's slot
+    vd = torch.stack([v for _, v in keys[1:]], dim=3)  # (B, nkv, L, i, d)
+    sd = _wide(torch.einsum("bkgtd,bktjd->bkgtj", q5, kd)) * scale  # (B, nkv, g, L, i) diagonal scores
     lse = torch.logsumexp(
         torch.cat([lse0[..., None], sd], dim=-1), dim=-1
-    )  # (B, nkv, g, T, 1 + i) -> (.., T)
-    w0 = torch.exp(lse0 - lse)[..., None]  # (B, nkv, g, T, 1): the causal part's share
-    wd = torch.exp(sd - lse[..., None])  # (B, nkv, g, T, i)
-    out = w0 * _wide(out0) + torch.einsum("bkgtj,bktjd->bkgtd", wd, _wide(vd))  # (B, nkv, g, T, d)
-    return out.to(q.dtype).reshape(B, nh, T, d)  # (B, nkv, g, T, d) -> (B, nh, T, d)
+    )  # (B, nkv, g, L, 1 + i) -> (.., L)
+    w0 = torch.exp(lse0 - lse)[..., None]  # (B, nkv, g, L, 1): the causal part's share
+    wd = torch.exp(sd - lse[..., None])  # (B, nkv, g, L, i)
+    out = w0 * _wide(out0) + torch.einsum("bkgtj,bktjd->bkgtd", wd, _wide(vd))  # (B, nkv, g, L, d)
+    return out.to(q.dtype).reshape(B, nh, L, d)  # (B, nkv, g, L, d) -> (B, nh, L, d)
 
 
-def _dense_ttt_attention(q: torch.Tensor, keys: list) -> torch.Tensor:
-    """`ttt_attention` as one SDPA call over the concatenated keys with the (T, (i+1) T) boolean mask.
+def _dense_ttt_attention(q: torch.Tensor, keys: list, qpos=None) -> torch.Tensor:
+    """`ttt_attention` as one SDPA call over the concatenated keys with a (L, T + i L) boolean mask.
 
     The fast path where the scores are small (short samples): the fused kernel beats the chunked merge on
     CPU at T <= ~2k. Memory grows as (i+1) T^2, so `ttt_attention` takes it only within its score budget.
     """
-    nh, nkv, T = q.shape[1], keys[0][0].shape[1], q.shape[2]
-    k = torch.cat([k for k, _ in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, (i+1) T, d)
-    v = torch.cat([v for _, v in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, (i+1) T, d)
-    if len(keys) == 1:
+    nh, nkv, L, T = q.shape[1], keys[0][0].shape[1], q.shape[2], keys[0][0].shape[2]
+    k = torch.cat([k for k, _ in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, T + i L, d)
+    v = torch.cat([v for _, v in keys], dim=2).repeat_interleave(nh // nkv, dim=1)  # (B, nh, T + i L, d)
+    if qpos is None and len(keys) == 1:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, d)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # (T, T): step-0 keys 0..t
-    eye = torch.eye(T, dtype=torch.bool, device=q.device)  # (T, T): step j's key at slot t
-    mask = torch.cat([causal] + [eye] * (len(keys) - 1), dim=1)  # (T, (i+1) T)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, d)
+    slots = torch.arange(T, device=q.device)  # (T,)
+    if qpos is None:
+        causal = (slots[None] <= slots[:, None])[None]  # (1, T, T): step-0 keys 0..t
+    else:
+        causal = slots[None, None] <= qpos[..., None]  # (B, L, T): step-0 keys up to the query's slot
+    eye = torch.eye(L, dtype=torch.bool, device=q.device).expand(causal.shape[0], L, L)  # step j's key at t
+    mask = torch.cat([causal] + [eye] * (len(keys) - 1), dim=2)[:, None]  # (B|1, 1, L, T + i L)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, L, d)
 
 
-def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: int) -> tuple:
+def _take(x: torch.Tensor, idx: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """x's entries at slots idx (B, L) along `dim` (x (B, ..., T, ...) with T at `dim`) -> (B, ..., L, ...)."""
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = idx.shape
+    return x.gather(dim, idx.view(shape).expand(*x.shape[:dim], idx.shape[1], *x.shape[dim + 1 :]))
+
+
+def _put(x: torch.Tensor, idx: torch.Tensor, T: int, dim: int = 1) -> torch.Tensor:
+    """x (B, ..., L, ...) written at slots idx (B, L) of zeros with T slots along `dim` (`_take` undone)."""
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = idx.shape
+    full = x.new_zeros(*x.shape[:dim], T, *x.shape[dim + 1 :])
+    return full.scatter(dim, idx.view(shape).expand_as(x), x)
+
+
+def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: int, idx=None) -> tuple:
     """The draft's forward (`Eagle3Draft.forward`, compute_logits=False) with `ttt_attention`.
 
-    ids (B, T), hidden (B, T, H), pos (B, T), past: the (k, v) of the earlier steps. Returns hidden_out
-    (B, T, H) and this step's k, v (B, nkv, T, d). Equal to the draft's own forward with a `DraftKVCache`
-    (tests/test_ttt.py).
+    ids (B, T), hidden (B, T, H), pos (B, T), past: the (k, v) of the earlier steps (step 0's over every
+    slot, later ones at the live slots). idx (B, L): the live slots (None: all). Step 0 computes its keys
+    and values at every slot (they are every later query's causal prefix) and the rest at the live slots;
+    later steps compute only at the live slots. Returns hidden_out (B, L, H) and this step's k, v (B, nkv,
+    T or L, d). Equal to the draft's own forward with a `DraftKVCache` (tests/test_ttt.py).
     """
     layer, attn, cfg = draft.midlayer, draft.midlayer.self_attn, draft.cfg
-    B, T = ids.shape
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    embeds = draft.embed_tokens(ids)  # (B, T, H)
-    cos, sin = draft.rotary(pos, embeds.dtype)  # (B, 1, T, d) each
+    first = not past
+    if idx is not None and not first:  # a later step: only the live slots exist
+        ids, hidden, pos = _take(ids, idx), _take(hidden, idx), _take(pos, idx)  # (B, L), (B, L, H), (B, L)
+    B, S = ids.shape  # S = T (all slots) or L
+    embeds = draft.embed_tokens(ids)  # (B, S, H)
+    cos, sin = draft.rotary(pos, embeds.dtype)  # (B, 1, S, d) each
     hidden = hidden.to(embeds.dtype)
-    e, g = layer.input_layernorm(embeds), layer.hidden_norm(hidden)  # (B, T, H) each
+    e, g = layer.input_layernorm(embeds), layer.hidden_norm(hidden)  # (B, S, H) each
     residual = g if layer.norm_before_residual else hidden
-    x = torch.cat([e, g], dim=-1)  # (B, T, 2H): embedding first, as the draft concatenates
-    q = attn.q_proj(x).view(B, T, nh, d).transpose(1, 2)  # (B, nh, T, d)
-    k = attn.k_proj(x).view(B, T, nkv, d).transpose(1, 2)  # (B, nkv, T, d)
-    v = attn.v_proj(x).view(B, T, nkv, d).transpose(1, 2)  # (B, nkv, T, d)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    a = ttt_attention(q, [*past, (k, v)], chunk_elems).transpose(1, 2).reshape(B, T, nh * d)  # (B, T, nh*d)
-    residual = residual + attn.o_proj(a)  # (B, T, H)
-    return residual + layer.mlp(layer.post_attention_layernorm(residual)), k, v  # (B, T, H)
+    x = torch.cat([e, g], dim=-1)  # (B, S, 2H): embedding first, as the draft concatenates
+    k = apply_rotary(attn.k_proj(x).view(B, S, nkv, d).transpose(1, 2), cos, sin)  # (B, nkv, S, d)
+    v = attn.v_proj(x).view(B, S, nkv, d).transpose(1, 2)  # (B, nkv, S, d)
+    if idx is not None and first:  # step 0: keys at every slot (above), the rest at the live slots
+        x, residual = _take(x, idx), _take(residual, idx)  # (B, L, 2H), (B, L, H)
+        cos, sin = _take(cos, idx, 2), _take(sin, idx, 2)  # (B, 1, L, d) each
+    L = x.shape[1]
+    q = apply_rotary(attn.q_proj(x).view(B, L, nh, d).transpose(1, 2), cos, sin)  # (B, nh, L, d)
+    a = (
+        ttt_attention(q, [*past, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)
+    )  # (B, L, nh*d)
+    residual = residual + attn.o_proj(a)  # (B, L, H)
+    return residual + layer.mlp(layer.post_attention_layernorm(residual)), k, v  # (B, L, H)
+
+
+def live_slots(loss_mask: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+    """K (B, T) bool: slot t is live at TTT step i when step i or a later one scores it (step j scores slot
+    t when token t+2+j is loss-masked). A dead slot's output is never read: not by the loss, and not by a
+    later step (slot t of step i+1 reads only slot t of step i). Prompt tokens are mostly dead."""
+    B, T = loss_mask.shape
+    lm = F.pad(loss_mask, (0, ttt_steps + 2)) > 0  # (B, T + K + 2)
+    live, acc = [], torch.zeros(B, T, dtype=torch.bool, device=loss_mask.device)
+    for i in reversed(range(ttt_steps)):
+        acc = acc | lm[:, 2 + i : 2 + i + T]  # (B, T): slot t scored at step i (token t+2+i)
+        live.append(acc)
+    return live[::-1]
+
+
+def _live_index(live: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) bool -> (B, L) the live slots of each row in order, L = the most of any row (a row with fewer
+    is filled with some of its dead slots, whose outputs are never read); None when every slot is live."""
+    B, T = live.shape
+    L = max(1, int(live.sum(1).max()))
+    if L == T:
+        return None
+    key = (~live).long() * T + torch.arange(T, device=live.device)  # (B, T): live slots first, in order
+    return key.argsort(dim=1)[:, :L]  # (B, L)
 
 
 def ttt_unroll(
@@ -248,24 +318,34 @@ def ttt_unroll(
     ttt_steps: int,
     chunk_elems: int = 1 << 25,
     checkpoint_layer: bool = False,
+    live: list | None = None,
 ):
     """Yield the draft's hidden_out (B, T, H) of TTT steps 0 .. K-1 (alignment in the module docstring).
 
     Step i: tokens shifted by 1 + i, positions + i, input hidden = step i-1's output (fused features for
-    step 0); attention by `ttt_attention` over the keys of steps 0..i. With `checkpoint_layer` (and
-    gradients on) each step's layer is recomputed in backward: autograd keeps per step only its input
-    hidden state and k, v instead of all of its activations.
+    step 0); attention by `ttt_attention` over the keys of steps 0..i. `live` (`live_slots`): compute step
+    i only at its live slots (the others are 0 in what is yielded); None computes every slot. With
+    `checkpoint_layer` (and gradients on) each step's layer is recomputed in backward: autograd keeps per
+    step only its input hidden state and k, v instead of all of its activations.
     """
     B, T = input_ids.shape
     ids = F.pad(input_ids, (0, ttt_steps + 1))  # (B, T + K + 1)
     pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
     h = draft.fuse(aux)  # (B, T, 3H) -> (B, T, H)
-    keys: list = []
+    keys: list = []  # step 0's (k, v) over every slot; later steps' (B, nkv, T, d), 0 at dead slots
     ck = checkpoint_layer and torch.is_grad_enabled()
     for i in range(ttt_steps):
+        idx = None if live is None else _live_index(live[i])  # (B, L) or None
         ids_i = ids[:, 1 + i : 1 + i + T]  # (B, T): shifted by 1 + i, token x_{t+1+i} at slot t
-        args = (draft, ids_i, h, pos + i, tuple(keys), chunk_elems)  # positions shifted by i
-        h, k, v = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
+        past = keys[:1] + [
+            (k, v) if idx is None else (_take(k, idx, 2), _take(v, idx, 2)) for k, v in keys[1:]
+        ]
+        args = (draft, ids_i, h, pos + i, tuple(past), chunk_elems, idx)  # positions shifted by i
+        out, k, v = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
+        if idx is not None:  # back to every slot: (B, L, H) -> (B, T, H), (B, nkv, L, d) -> (B, nkv, T, d)
+            out = _put(out, idx, T)
+            k, v = (k, v) if i == 0 else (_put(k, idx, T, 2), _put(v, idx, T, 2))
+        h = out
         keys.append((k, v))  # (B, nkv, T, d) each
         yield h  # (B, T, H)
 
@@ -319,8 +399,10 @@ class TTTModel(nn.Module):
         checkpoint_head: bool = True,
         chunk_elems: int = 1 << 25,
         checkpoint_layer: bool = False,
+        skip_dead: bool = True,
     ):
         super().__init__()
+        self.skip_dead = skip_dead  # compute each TTT step only at its live slots (`live_slots`)
         self.draft = draft
         self.ttt_steps = ttt_steps
         self.decay = decay
@@ -364,7 +446,15 @@ class TTTModel(nn.Module):
         loss = aux.new_zeros((), dtype=torch.float32)
         kl_sums, agree_sums = [], []
         for i, h in enumerate(
-            ttt_unroll(self.draft, input_ids, aux, K, self.chunk_elems, self.checkpoint_layer)
+            ttt_unroll(
+                self.draft,
+                input_ids,
+                aux,
+                K,
+                self.chunk_elems,
+                self.checkpoint_layer,
+                live_slots(loss_mask, K) if self.skip_dead else None,
+            )
         ):  # h: (B, T, H)
             n = T - 1 - i  # slots whose teacher position t+1+i exists
             if n <= 0:
