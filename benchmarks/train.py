@@ -11,6 +11,10 @@ waiting for data (goal: < 5%), the share of padded tokens in the length-grouped 
 GFLOP/s against the draft's estimated training FLOPs. The same run measures this machine's fp32 GEMM rate
 (square matmuls at the trainer's thread count, before and after the training runs; the higher is kept) and
 prints model FLOPs utilisation = achieved / GEMM rate, so the figure means something on any machine.
+GFLOP/tok is the draft's nominal cost of a token (every slot through every TTT step and lm_head, the
+teacher not counted); the trainer skips what the loss never reads (prompt slots after step 0's keys,
+lm_head off the scored slots), so MFU here is of that nominal work, an effective figure. Peak memory is
+the process's peak RSS during the run (the target included), or CUDA's max allocated.
 
 `--attention-bench` times one forward + backward of the K-step TTT unroll (no lm_head) of a draft sized
 like SmolLM2-135M (H 576, 9 heads, 3 kv heads), batch 1, for each T and K, with the TTT attention as
@@ -27,6 +31,7 @@ Configurations:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -54,6 +59,7 @@ CONFIGS = {
 
 def bench(shards: str, name: str, steps: int, max_tokens: int, prefetch: bool) -> dict:
     """Train `steps` steps with configuration `name`; summarise the trainer's metrics."""
+    _reset_peak()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(**CONFIGS[name], max_steps=steps, max_tokens=max_tokens, lr=1e-3, val_fraction=0.0,
                           checkpoint_every=10**9, progress=False, tensorboard=False, prefetch=prefetch)  # fmt: skip
@@ -69,7 +75,8 @@ def bench(shards: str, name: str, steps: int, max_tokens: int, prefetch: bool) -
     fpt = draft_flops(dcfg, cfg.ttt_steps)
     return {"config": name, "prefetch": prefetch, "steps": steps, "tokens_per_s": round(tps, 1),
             "data_share": round(share, 4), "pad_share": round(pad, 4), "gflop_per_token": round(fpt / 1e9, 3),
-            "achieved_gflops": round(tps * fpt / 1e9, 1), "wall_s": round(wall, 1)}  # fmt: skip
+            "achieved_gflops": round(tps * fpt / 1e9, 1), "peak_gib": round(_peak_gib(), 2),
+            "wall_s": round(wall, 1)}  # fmt: skip
 
 
 def gemm_gflops(n: int = 1024, repeats: int = 10, device: str = "cpu") -> float:
@@ -104,6 +111,21 @@ def _masked_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tenso
         mask = None if i == 0 else torch.cat([causal] + [eye] * i, dim=1)[None, None]  # (1, 1, T, (i+1) T)
         h, _ = draft(ids[:, 1 + i : 1 + i + T], h, pos + i, mask, cache, compute_logits=False)  # (B, T, H)
         yield h
+
+
+def _reset_peak() -> None:
+    """Start a new peak-memory window: CUDA's max_memory_allocated, or the process's VmHWM (Linux)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def _peak_gib() -> float:
+    """Peak memory since `_reset_peak`: CUDA allocated, else the process's peak RSS (target included)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return _rss_kb("VmHWM") / 2**20
 
 
 def _rss_kb(field: str) -> int:
@@ -217,12 +239,12 @@ def main() -> None:
     peak = max(peak, gemm_gflops())
     print(f"\nfp32 GEMM rate of this machine: {peak:.1f} GFLOP/s ({torch.get_num_threads()} threads)")
     print(
-        f"{'config':8} {'prefetch':8} {'tok/s':>8} {'data %':>7} {'pad %':>6} {'GFLOP/tok':>9} {'GFLOP/s':>8} {'MFU':>6}"
+        f"{'config':8} {'prefetch':8} {'tok/s':>8} {'data %':>7} {'pad %':>6} {'GFLOP/tok':>9} {'GFLOP/s':>8} {'MFU':>6} {'peak GiB':>8}"
     )
     for r in rows:
         print(f"{r['config']:8} {r['prefetch']!s:8} {r['tokens_per_s']:8.1f} {100 * r['data_share']:6.2f}% "
               f"{100 * r['pad_share']:5.1f}% {r['gflop_per_token']:9.3f} {r['achieved_gflops']:8.1f} "
-              f"{100 * r['achieved_gflops'] / peak:5.1f}%")  # fmt: skip
+              f"{100 * r['achieved_gflops'] / peak:5.1f}% {r['peak_gib']:8.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
