@@ -8,6 +8,10 @@ lossless-checked) over the first MT-bench first turns: all of them batched, the 
 at a time. Prints per k: tau, the speed-up batched and at batch 1, and what a round costs in target-only
 decoding steps (k draft steps + a (k+1)-token verify); then the k with the best batch-1 speed-up. A speed-up
 is about tau / round cost, so a small k wins when the draft's later positions are rarely accepted.
+
+With two or more k, the round costs are fitted as cost(k) = verify + k * draft_step (least squares, in
+target steps), which separates what one draft step costs from what the verify costs (the verify's growth
+with its k+1 tokens is small at batch 1 and lands in the draft step's share).
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ import argparse
 import json
 
 from specdraft.eval.serving import evaluate_vllm
+
+
+def split_round_cost(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """Least-squares (verify, draft_step) of cost(k) = verify + k * draft_step, or None under two distinct k."""
+    if len({k for k, _ in points}) < 2:
+        return None
+    n = len(points)
+    mk, mc = sum(k for k, _ in points) / n, sum(c for _, c in points) / n
+    step = sum((k - mk) * (c - mc) for k, c in points) / sum((k - mk) ** 2 for k, _ in points)
+    return mc - step * mk, step
 
 
 def main() -> None:
@@ -41,6 +55,10 @@ def main() -> None:
     for r in rows:
         print(f"{r['k']:>3}{r['tau']:>8.3f}{r['speedup_batched']:>8.2f}x{r['speedup_batch1']:>8.2f}x"
               f"{r['round_cost']:>12.2f}  {r['lossless']}")  # fmt: skip
+    fit = split_round_cost([(r["k"], r["round_cost"]) for r in rows if r["round_cost"] is not None])
+    if fit:
+        print(f"a round costs {fit[0]:.2f} + {fit[1]:.3f} k target steps: the verify ~{fit[0]:.2f}, "
+              f"one draft step ~{fit[1]:.3f} (least squares over k = {a.ks})")  # fmt: skip
     best = max(rows, key=lambda r: r["speedup_batch1"])
     verdict = "faster than" if best["speedup_batch1"] > 1 else "still slower than"
     print(

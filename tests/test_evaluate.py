@@ -177,6 +177,10 @@ def test_eval_report_on_tiny_llama(tiny_llama_dir, questions, tmp_path, scripted
     assert d["tau_per_category"] == {"math": RIGHT + 1, "writing": RIGHT + 1}
     assert d["target_forwards"] <= rep["baseline"]["target_forwards"]
     assert rep["baseline"]["tokens_per_s"] > 0 and d["speedup"] > 0
+    # a round's cost, split: the draft's part and the verify, each timed, within the rounds' wall clock
+    r, rounds = d["round_ms"], sum(len(x["drafts"]["untrained"]["accepted"]) for x in rep["records"])
+    assert min(r.values()) > 0 and (r["draft"] + r["verify"]) * rounds <= 1e3 * d["seconds"]
+    assert summary_lines(rep)[2].startswith("  a round: draft ")
     assert (out / "acceptance_per_position.png").stat().st_size > 1000
     assert (out / "tau_per_category.png").stat().st_size > 1000
     saved = json.loads((out / "report.json").read_text())

@@ -92,6 +92,9 @@ class GenResult:
     seconds: float  # wall-clock time of the whole generation
     accepted: list[int] = field(default_factory=list)  # per round: draft tokens accepted (before any cut)
     drafted: list[int] = field(default_factory=list)  # per round: draft tokens verified (chain k; tree size)
+    prefill_seconds: float = 0.0  # the prompt's target forward
+    draft_seconds: float = 0.0  # speculative rounds: the draft's catch-up and drafting, and the accept rule
+    verify_seconds: float = 0.0  # speculative rounds: the target's verify forwards
 
     @property
     def rounds(self) -> int:
@@ -107,6 +110,13 @@ class GenResult:
 # ---------------------------------------------------------------------------------------------------------
 # decoding
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _now() -> float:
+    """perf_counter after the device's queued work (CUDA is asynchronous: time what ran, not what was queued)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
@@ -144,9 +154,10 @@ def target_generate(
     generator: torch.Generator | None = None,
 ) -> GenResult:
     """Target-only decoding with the KV cache, through the same `TargetRunner.forward` as verification."""
-    t0 = time.perf_counter()
+    t0 = _now()
     logits, _ = _prefill(target, prompt)
     new = [_pick(logits[-1], temperature, generator)]
+    prefill_s = _now() - t0
     forwards = 1
     done = False
     new, done = _finish(new, max_new_tokens, stop_ids)
@@ -155,7 +166,7 @@ def target_generate(
         logits, _ = target.forward(torch.tensor([new[-1]]), torch.tensor([n - 1]), None, last_only=True)
         forwards += 1
         new, done = _finish(new + [_pick(logits[-1], temperature, generator)], max_new_tokens, stop_ids)
-    return GenResult(tokens=new, target_forwards=forwards, seconds=time.perf_counter() - t0)
+    return GenResult(tokens=new, target_forwards=forwards, seconds=_now() - t0, prefill_seconds=prefill_s)
 
 
 @dataclass
@@ -167,6 +178,7 @@ class _Verified:
     keep: torch.Tensor  # indices into the verified block [x_{n-1}, drafts...] to keep: the root + accepted
     aux: torch.Tensor  # (N, A) target features of the verified block
     drafted: int  # draft tokens verified (chain k; tree size without the root)
+    verify_s: float  # seconds of the target's verify forward
 
 
 def _chain_round(
@@ -198,12 +210,14 @@ def _chain_round(
             hidden, dlogits = h[0], lg[0]  # (H,), (Vd,)
     # 3. verify [x_{n-1}, d_1 .. d_k] at positions n - 1 .. n - 1 + k
     ids = torch.tensor([seq[-1]] + toks)  # (k + 1,)
+    t0 = _now()
     vlogits, vaux = target.forward(ids, torch.arange(n - 1, n + cfg.k), None, last_only=False)
+    verify_s = _now() - t0
     # 4. accept
     p = vlogits if greedy else target_probs(vlogits, T)  # (k + 1, V)
     q = None if greedy else torch.stack(qs).to(p.device)  # (k, V)
     a, nxt = accept_chain(p, toks, q, generator)
-    return _Verified(toks[:a], nxt, torch.arange(a + 1), vaux, cfg.k)  # keep the root + accepted drafts
+    return _Verified(toks[:a], nxt, torch.arange(a + 1), vaux, cfg.k, verify_s)  # keep the root + accepted
 
 
 def _tree_round(
@@ -221,11 +235,13 @@ def _tree_round(
     tree = draft_tree(drafter, hidden, dlogits, seq[-1], n - 2, cfg.topk, cfg.depth, cfg.budget)
     ids = torch.tensor(tree.tokens)  # (N,)
     pos = n - 1 + torch.tensor(tree.depths)  # (N,)
+    t0 = _now()
     vlogits, vaux = target.forward(ids, pos, tree.mask(), last_only=False)
+    verify_s = _now() - t0
     p = vlogits if greedy else target_probs(vlogits, cfg.temperature)  # (N, V)
     path, nxt = accept_tree(p, tree.tokens, tree.children(), greedy, generator)
     keep = torch.tensor([0] + path)  # root + accepted path, in order
-    return _Verified([tree.tokens[i] for i in path], nxt, keep, vaux, len(tree) - 1)
+    return _Verified([tree.tokens[i] for i in path], nxt, keep, vaux, len(tree) - 1, verify_s)
 
 
 @torch.inference_mode()
@@ -237,7 +253,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
 ) -> GenResult:
     """Speculative decoding of one prompt (chain or tree, greedy or sampled); see the module docstring."""
-    t0 = time.perf_counter()
+    t0 = _now()
     logits, aux = _prefill(target, prompt)
     drafter.reset()
     if aux is None:
@@ -246,6 +262,7 @@ def speculative_generate(
         )
     vocab = logits.shape[-1]
     seq = list(prompt) + [_pick(logits[-1], cfg.temperature, generator)]  # x_0 .. x_{n-1}
+    prefill_s, verify_s = _now() - t0, 0.0
     forwards = 1
     accepted: list[int] = []
     drafted: list[int] = []
@@ -264,6 +281,7 @@ def speculative_generate(
         else:
             v = _chain_round(target, drafter, seq, hidden, dlogits, vocab, cfg, generator)
         forwards += 1
+        verify_s += v.verify_s
         accepted.append(len(v.tokens))
         drafted.append(v.drafted)
         # roll back: the target keeps x_0 .. x_{n-1} and the accepted drafts; the draft its context pairs
@@ -272,13 +290,10 @@ def speculative_generate(
         pending = v.aux[v.keep.to(v.aux.device)]  # (a + 1, A): features of x_{n-1} and the accepted drafts
         seq += v.tokens + [v.nxt]
         new, done = _finish(seq[len(prompt) :], cfg.max_new_tokens, cfg.stop_ids)
-    return GenResult(
-        tokens=new,
-        target_forwards=forwards,
-        seconds=time.perf_counter() - t0,
-        accepted=accepted,
-        drafted=drafted,
-    )
+    seconds = _now() - t0
+    return GenResult(tokens=new, target_forwards=forwards, seconds=seconds, accepted=accepted, drafted=drafted,
+                     prefill_seconds=prefill_s, draft_seconds=seconds - prefill_s - verify_s,
+                     verify_seconds=verify_s)  # fmt: skip
 
 
 class Speculator:

@@ -86,6 +86,10 @@ class _Totals:
     tokens: int = 0
     seconds: float = 0.0
     forwards: int = 0
+    generations: int = 0  # one prefill each
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0  # drafts: catch-up + drafting + accepting, over all rounds
+    verify_seconds: float = 0.0  # drafts: the target's verify forwards, over all rounds
     divergences: list[dict] = field(default_factory=list)  # drafts at T = 0
 
     def add(self, r: GenResult) -> None:
@@ -93,6 +97,10 @@ class _Totals:
         self.tokens += len(r.tokens)
         self.seconds += r.seconds
         self.forwards += r.target_forwards
+        self.generations += 1
+        self.prefill_seconds += r.prefill_seconds
+        self.draft_seconds += r.draft_seconds
+        self.verify_seconds += r.verify_seconds
 
 
 def _warm_up(specs: dict[str, Speculator], tok, cfg: SpecConfig, seed: int) -> None:
@@ -138,6 +146,8 @@ def _draft_entry(name: str, acc: _Totals, records: list[dict], cfg: SpecConfig, 
     base_tps = base.tokens / base.seconds if base.seconds else 0.0
     tps = acc.tokens / acc.seconds if acc.seconds else 0.0
     greedy = cfg.temperature == 0
+    rounds = max(1, len(acc.accepted))
+    step_s = (base.seconds - base.prefill_seconds) / max(1, base.forwards - base.generations)
     return {
         **stats,
         "tau_per_category": {c: tau_of(v) for c, v in sorted(cats.items())},
@@ -147,6 +157,13 @@ def _draft_entry(name: str, acc: _Totals, records: list[dict], cfg: SpecConfig, 
         "speedup": round(tps / base_tps, 4) if base_tps else None,
         "target_forwards": acc.forwards,
         "target_forwards_saved": round(1 - acc.forwards / base.forwards, 4) if base.forwards else 0.0,
+        # what a round costs, measured: the draft's part (catch-up, k steps, accept) and the verify forward,
+        # against one target-only decoding step
+        "round_ms": {
+            "draft": round(1e3 * acc.draft_seconds / rounds, 3),
+            "verify": round(1e3 * acc.verify_seconds / rounds, 3),
+            "target_step": round(1e3 * step_s, 3),
+        },  # fmt: skip
         "lossless": {
             "checked": greedy,
             "ok": (not acc.divergences) if greedy else None,

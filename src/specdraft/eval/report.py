@@ -28,6 +28,12 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"{name}: tau {d['tau']:.3f}, acceptance per position [{acc}], {d['tokens_per_s']:.1f} tok/s "
                      f"(x{d['speedup']:.2f}), target forwards saved {100 * d['target_forwards_saved']:.1f}%, "
                      f"lossless {lossless}")  # fmt: skip
+        r = d.get("round_ms")
+        if r and r["target_step"]:
+            lines.append(f"  a round: draft {r['draft']:.1f} ms + verify {r['verify']:.1f} ms = "
+                         f"{(r['draft'] + r['verify']) / r['target_step']:.2f} target steps of {r['target_step']:.1f} ms "
+                         f"(draft {r['draft'] / r['target_step']:.2f}, verify {r['verify'] / r['target_step']:.2f}); "
+                         f"it gains {d['tau']:.2f} tokens")  # fmt: skip
     return lines
 
 

@@ -1,0 +1,114 @@
+"""Training ablations at one setting, each draft served by vLLM: which defaults give the best tau per token of data.
+
+    python benchmarks/ablate.py [--samples 300] [--max-length 512] [--pairs 2] [--prompts 80]
+                                [--arms defaults,lr3e-4,...] [--out DIR]
+
+The setting (issue 11's, the speculators peer's): the first `--samples` usable ShareGPT conversations cut to
+at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) template and truncated to
+`--max-length` tokens, extracted once (hf backend); draft vocabulary 8192, 3 TTT steps, one epoch. Every
+arm trains from the same shards with the same seed and data order and changes one thing against `defaults`
+(the library defaults at that setting); every draft is exported and served by vLLM behind the target over
+the MT-bench first turns (k=3, greedy, 64 new tokens) in one run, side by side. Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from specdraft.capture.extract import extract
+from specdraft.data.prepare import MANIFEST_FILE, normalize, prepare, read_conversations, sharegpt_path
+from specdraft.eval.serving import evaluate_vllm
+from specdraft.export import export
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
+
+BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, val_fraction=0.0, checkpoint_every=10**6,
+                   progress=False, tensorboard=False, seed=0)  # fmt: skip
+ARMS = {  # name: what changes against the library defaults at this setting
+    "defaults": {},
+    "lr3e-4": {"lr": 3e-4},
+    "lr1e-3": {"lr": 1e-3},
+    "lr1e-3_tok2048": {"lr": 1e-3, "max_tokens": 2048},
+    "lr1e-3_decay1": {"lr": 1e-3, "decay": 1.0},
+    "lr1e-3_no_init_head": {"lr": 1e-3, "init_lm_head": False},
+    "lr1e-3_constant": {"lr": 1e-3, "schedule": "constant"},
+    "lr1e-3_no_oov_mask": {"lr": 1e-3, "oov_mask": False},
+    "lr1e-3_nbr": {"lr": 1e-3, "norm_before_residual": True},
+}
+
+
+def conversations(out: Path, n: int, pairs: int) -> Path:
+    """The first n usable ShareGPT conversations, each cut to its first `pairs` user/assistant pairs."""
+    rows = []
+    for _, raw in read_conversations(sharegpt_path()):
+        msgs, why = normalize(raw)
+        if why:
+            continue
+        kept, users = [], 0
+        for m in msgs:
+            users += m["role"] == "user"
+            if users > pairs:
+                break
+            kept.append(m)
+        rows.append({"messages": kept})
+        if len(rows) == n:
+            break
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=300)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--pairs", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=80)
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    p.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
+    a = p.parse_args()
+    arms = a.arms.split(",")
+    unknown = [x for x in arms if x not in ARMS]
+    if unknown:
+        p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(a.out or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        convs = conversations(root / "conversations.jsonl", a.samples, a.pairs)
+        ds = prepare(str(convs), str(root / "dataset"), max_length=a.max_length)
+        man = json.loads((Path(ds) / MANIFEST_FILE).read_text())
+        hs = extract(str(ds), str(root / "hidden_states"), backend="hf", skip_doctor=True)
+        rows = []
+        for name in arms:
+            cfg = replace(BASE, max_length=a.max_length, **ARMS[name])
+            t0 = time.perf_counter()
+            final = train(str(hs), str(root / f"train_{name}"), cfg)
+            meta = json.loads((Path(final) / "config.json").read_text())["train"]
+            exp = root / f"export_{name}"
+            assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
+            rows.append({"arm": name, "changes": ARMS[name], "steps": meta["steps"],
+                         "train_s": round(time.perf_counter() - t0, 1), "export": str(exp)})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
+                            max_prompts=a.prompts, out=str(root / "eval"))  # fmt: skip
+        for r in rows:
+            d = rep["drafts"][r["export"]]
+            r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)
+                                                          for x in d["acceptance_rate_per_position"]],
+                     lossless=d["lossless"]["ok"])  # fmt: skip
+            print(json.dumps(r), flush=True)
+    print(f"\n{man['num_samples']} conversations, {man['num_loss_tokens']} loss tokens, one epoch each; "
+          f"draft vocabulary 8192, K=3; MT-bench first turns: {rep['settings']['prompts']}, k=3, greedy, "
+          f"64 new tokens; vLLM {rep['vllm_version']}")  # fmt: skip
+    print(f"{'arm':<22}{'steps':>6}{'train s':>8}{'vLLM tau':>9}  acceptance per position")
+    for r in rows:
+        print(f"{r['arm']:<22}{r['steps']:>6}{r['train_s']:>8}{r['tau']:>9.3f}  {r['acceptance']}  "
+              f"lossless {r['lossless']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
