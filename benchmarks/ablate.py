@@ -3,6 +3,8 @@
     python benchmarks/ablate.py [--samples 300] [--max-length 512] [--pairs 2] [--prompts 80]
                                 [--arms defaults,lr3e-4,...] [--out DIR]
 
+An `--out` kept from an earlier run is reused: its extraction, and every arm already exported there.
+
 The setting (issue 11's, the speculators peer's): the first `--samples` usable ShareGPT conversations cut to
 at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) template and truncated to
 `--max-length` tokens, extracted once (hf backend); draft vocabulary 8192, 3 TTT steps, one epoch. Every
@@ -39,6 +41,10 @@ ARMS = {  # name: what changes against the library defaults at this setting
     "lr1e-3_constant": {"lr": 1e-3, "schedule": "constant"},
     "lr1e-3_no_oov_mask": {"lr": 1e-3, "oov_mask": False},
     "lr1e-3_nbr": {"lr": 1e-3, "norm_before_residual": True},
+    "tok512": {"max_tokens": 512},
+    "lr3e-4_tok512": {"lr": 3e-4, "max_tokens": 512},
+    "lr1e-3_tok512": {"lr": 1e-3, "max_tokens": 512},
+    "lr1e-3_tok1024": {"lr": 1e-3, "max_tokens": 1024},
 }
 
 
@@ -62,6 +68,12 @@ def conversations(out: Path, n: int, pairs: int) -> Path:
     return out
 
 
+def _steps(run: Path) -> int:
+    """Optimizer steps of a finished training run (its last metrics record)."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["split"] == "train"][-1]["step"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=300)
@@ -78,12 +90,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        convs = conversations(root / "conversations.jsonl", a.samples, a.pairs)
-        ds = prepare(str(convs), str(root / "dataset"), max_length=a.max_length)
-        man = json.loads((Path(ds) / MANIFEST_FILE).read_text())
-        hs = extract(str(ds), str(root / "hidden_states"), backend="hf", skip_doctor=True)
+        ds, hs = root / "dataset", root / "hidden_states"
+        if not any(hs.glob("manifest-*.json")):  # an --out of an earlier run keeps its extraction: reused
+            convs = conversations(root / "conversations.jsonl", a.samples, a.pairs)
+            prepare(str(convs), str(ds), max_length=a.max_length)
+            extract(str(ds), str(hs), backend="hf", skip_doctor=True)
+        man = json.loads((ds / MANIFEST_FILE).read_text())
         rows = []
         for name in arms:
+            if (root / f"export_{name}").exists():  # trained by an earlier run on this --out
+                rows.append({"arm": name, "changes": ARMS[name], "export": str(root / f"export_{name}"),
+                             "steps": _steps(root / f"train_{name}"), "train_s": None})  # fmt: skip
+                continue
             cfg = replace(BASE, max_length=a.max_length, **ARMS[name])
             t0 = time.perf_counter()
             final = train(str(hs), str(root / f"train_{name}"), cfg)
@@ -106,7 +124,7 @@ def main() -> None:
           f"64 new tokens; vLLM {rep['vllm_version']}")  # fmt: skip
     print(f"{'arm':<22}{'steps':>6}{'train s':>8}{'vLLM tau':>9}  acceptance per position")
     for r in rows:
-        print(f"{r['arm']:<22}{r['steps']:>6}{r['train_s']:>8}{r['tau']:>9.3f}  {r['acceptance']}  "
+        print(f"{r['arm']:<22}{r['steps']:>6}{r['train_s'] or '-':>8}{r['tau']:>9.3f}  {r['acceptance']}  "
               f"lossless {r['lossless']}")  # fmt: skip
 
 
