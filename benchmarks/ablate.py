@@ -45,6 +45,7 @@ ARMS = {  # name: what changes against the library defaults at this setting
     "lr3e-4_tok512": {"lr": 3e-4, "max_tokens": 512},
     "lr1e-3_tok512": {"lr": 1e-3, "max_tokens": 512},
     "lr1e-3_tok1024": {"lr": 1e-3, "max_tokens": 1024},
+    "lr1e-3_tok512_constant": {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"},
 }
 
 

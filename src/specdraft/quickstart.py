@@ -7,9 +7,11 @@ export in vLLM (when installed: tau, tokens/s with and without the draft, batche
 (prepare and eval by their outputs, extract shard by shard, train from its newest checkpoint), so an
 interrupted quickstart resumes where it stopped when run again.
 
-The CPU budget is tight (2 cores: prefill ~250 tok/s, draft training ~400 tok/s at the settings below),
-so quickstart picks a smaller draft vocabulary (8192), 3 TTT steps and a few hundred conversations, and
-says so in its summary; the library defaults (`specdraft train`) stay the paper's (32000, 7).
+The CPU budget is tight (2 cores: prefill ~250-550 tok/s, draft training ~770 tok/s at the settings
+below), so quickstart picks a smaller draft vocabulary (8192), 3 TTT steps and a few hundred
+conversations, and the settings measured best at that data size (lr 1e-3, 512 tokens a step, constant
+lr: `benchmarks/ablate.py`), and says so in its summary; the library defaults (`specdraft train`) stay
+EAGLE-3's (32000, 7, lr 1e-4, 4096 tokens, cosine), which are for large data.
 """
 
 from __future__ import annotations
@@ -43,12 +45,18 @@ class Budget:
     serve_prompts: int  # vLLM: MT-bench first turns served with and without the draft (0 = skip)
     batch1_prompts: int  # vLLM: of those, served one at a time (batch 1, latency)
     lr: float  # peak learning rate
+    max_tokens: int  # padded tokens per optimizer step (small: more steps from little data)
+    schedule: str  # learning-rate schedule after warmup
 
 
 BUDGETS = {
-    "tiny": Budget(48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3),  # a smoke run, a few minutes
-    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3, 256, 80, 8, 1e-3),  # ~30 minutes on 2 cores
-    "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3),  # hours on CPU; minutes on a GPU
+    "tiny": Budget(
+        48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3, 2048, "cosine"
+    ),  # a smoke run, a few minutes
+    # default: lr 1e-3, 512 tokens a step and a constant schedule measured best at this data size
+    # (benchmarks/ablate.py; issue 11's closing note)
+    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3, 256, 80, 8, 1e-3, 512, "constant"),  # ~30 min, 2 cores
+    "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
 
@@ -140,7 +148,8 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     final = train_dir / "final"
     if not (final / "config.json").exists():
         cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
-                          max_tokens=2048, checkpoint_every=20, val_fraction=0.05, val_every=40, device=device,
+                          max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50, val_fraction=0.05,
+                          val_every=100, device=device,
                           resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
         train(str(hs_dir), str(train_dir), cfg)
     tmeta = json.loads((final / "config.json").read_text()).get("train", {})
@@ -184,8 +193,9 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     summary = {
         "target": EMBEDDED_DEFAULT,
         "budget": {"name": budget, **asdict(b)},
-        "library_defaults_differ": "quickstart uses draft vocabulary "
-        f"{b.draft_vocab_size} and {b.ttt_steps} TTT steps; `specdraft train` defaults to 32000 and 7 (EAGLE-3)",
+        "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
+        f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr; `specdraft train` defaults to "
+        "EAGLE-3's 32000, 7, 1e-4, 4096, cosine (for large data)",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
         "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
         "train": tmeta,
