@@ -46,6 +46,13 @@ ARMS = {  # name: what changes against the library defaults at this setting
     "lr1e-3_tok512": {"lr": 1e-3, "max_tokens": 512},
     "lr1e-3_tok1024": {"lr": 1e-3, "max_tokens": 1024},
     "lr1e-3_tok512_constant": {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"},
+    "lr2e-3_tok512_constant": {"lr": 2e-3, "max_tokens": 512, "schedule": "constant"},
+    "lr1e-3_tok512_constant_no_init_head": {
+        "lr": 1e-3,
+        "max_tokens": 512,
+        "schedule": "constant",
+        "init_lm_head": False,
+    },
 }
 
 
