@@ -22,9 +22,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from quality import serve_rows  # benchmarks/quality.py, beside this script
+
 from specdraft.capture.extract import extract
 from specdraft.data.prepare import MANIFEST_FILE, normalize, prepare, read_conversations, sharegpt_path
-from specdraft.eval.serving import evaluate_vllm
 from specdraft.export import export
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
@@ -119,14 +120,7 @@ def main() -> None:
             rows.append({"arm": name, "changes": ARMS[name], "steps": meta["steps"],
                          "train_s": round(time.perf_counter() - t0, 1), "export": str(exp)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
-        rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
-                            max_prompts=a.prompts, out=str(root / "eval"))  # fmt: skip
-        for r in rows:
-            d = rep["drafts"][r["export"]]
-            r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)
-                                                          for x in d["acceptance_rate_per_position"]],
-                     lossless=d["lossless"]["ok"])  # fmt: skip
-            print(json.dumps(r), flush=True)
+        rep = serve_rows(rows, a.prompts, root / "eval")
     print(f"\n{man['num_samples']} conversations, {man['num_loss_tokens']} loss tokens, one epoch each; "
           f"draft vocabulary 8192, K=3; MT-bench first turns: {rep['settings']['prompts']}, k=3, greedy, "
           f"64 new tokens; vLLM {rep['vllm_version']}")  # fmt: skip

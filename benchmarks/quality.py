@@ -77,6 +77,20 @@ def _steps_per_epoch(run: Path) -> int:
     return round(last["step"] / last["epoch"]) if last["epoch"] else 1
 
 
+def serve_rows(rows: list[dict], prompts: int, out: Path) -> dict:
+    """Serve every row's export in vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new
+    tokens) in one run; add tau, acceptance per position and the lossless verdict to each row; the report."""
+    rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
+                        max_prompts=prompts, out=str(out))  # fmt: skip
+    for r in rows:
+        d = rep["drafts"][r["export"]]
+        r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)
+                                                      for x in d["acceptance_rate_per_position"]],
+                 lossless=d["lossless"]["ok"])  # fmt: skip
+        print(json.dumps(r), flush=True)
+    return rep
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=120)
@@ -102,14 +116,7 @@ def main() -> None:
         steps = rows[0]["steps"]
         rows.append(arm(root, "sharegpt", share, a, steps, 100))
         rows.append(arm(root, "regen_third_3ep", third, a, steps, 3))
-        rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
-                            max_prompts=a.prompts, out=str(root / "eval"))  # fmt: skip
-        for r in rows:
-            d = rep["drafts"][r["export"]]
-            r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)
-                                                          for x in d["acceptance_rate_per_position"]],
-                     lossless=d["lossless"]["ok"])  # fmt: skip
-            print(json.dumps(r), flush=True)
+        rep = serve_rows(rows, a.prompts, root / "eval")
     print(
         f"\n{'arm':<18}{'convs':>6}{'loss tok':>9}{'epochs':>7}{'steps':>6}{'vLLM tau':>9}  acceptance per position"
     )
