@@ -181,6 +181,13 @@ class _Verified:
     verify_s: float  # seconds of the target's verify forward
 
 
+def _verify(target: TargetRunner, ids: torch.Tensor, pos: torch.Tensor, mask) -> tuple:
+    """The target's verify forward over a drafted block: (logits (N, V), aux (N, A), its seconds)."""
+    t0 = _now()
+    vlogits, vaux = target.forward(ids, pos, mask, last_only=False)
+    return vlogits, vaux, _now() - t0
+
+
 def _chain_round(
     target: TargetRunner,
     drafter: Drafter,
@@ -210,9 +217,7 @@ def _chain_round(
             hidden, dlogits = h[0], lg[0]  # (H,), (Vd,)
     # 3. verify [x_{n-1}, d_1 .. d_k] at positions n - 1 .. n - 1 + k
     ids = torch.tensor([seq[-1]] + toks)  # (k + 1,)
-    t0 = _now()
-    vlogits, vaux = target.forward(ids, torch.arange(n - 1, n + cfg.k), None, last_only=False)
-    verify_s = _now() - t0
+    vlogits, vaux, verify_s = _verify(target, ids, torch.arange(n - 1, n + cfg.k), None)
     # 4. accept
     p = vlogits if greedy else target_probs(vlogits, T)  # (k + 1, V)
     q = None if greedy else torch.stack(qs).to(p.device)  # (k, V)
@@ -235,9 +240,7 @@ def _tree_round(
     tree = draft_tree(drafter, hidden, dlogits, seq[-1], n - 2, cfg.topk, cfg.depth, cfg.budget)
     ids = torch.tensor(tree.tokens)  # (N,)
     pos = n - 1 + torch.tensor(tree.depths)  # (N,)
-    t0 = _now()
-    vlogits, vaux = target.forward(ids, pos, tree.mask(), last_only=False)
-    verify_s = _now() - t0
+    vlogits, vaux, verify_s = _verify(target, ids, pos, tree.mask())
     p = vlogits if greedy else target_probs(vlogits, cfg.temperature)  # (N, V)
     path, nxt = accept_tree(p, tree.tokens, tree.children(), greedy, generator)
     keep = torch.tensor([0] + path)  # root + accepted path, in order
