@@ -14,6 +14,7 @@ from torch import nn
 
 import specdraft.train.batches as batches
 import specdraft.train.loop as loop
+import specdraft.train.setup as setup
 import specdraft.train.ttt as ttt
 from specdraft.model.checkpoint import STATE_FILE, latest_checkpoint, load_draft
 from specdraft.model.draft import DraftKVCache, build_draft
@@ -232,8 +233,8 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, data, monkeyp
     _, shards = data
     real_collate, calls = batches.collate, []
 
-    def poisoned(samples, max_length):
-        b = real_collate(samples, max_length)
+    def poisoned(samples, max_length, all_tokens=False):
+        b = real_collate(samples, max_length, all_tokens)
         calls.append(1)
         if len(calls) == 3:  # the batch of step 3
             b.aux[0, 1, 0] = float("nan")
@@ -254,6 +255,37 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, data, monkeyp
     assert latest_checkpoint(out).name == "step_00000004"
 
 
+def test_prompt_loss_scores_every_real_token_in_training_only(tmp_path, data, monkeypatch):
+    def sample(mask):
+        n = len(mask)
+        return {
+            "input_ids": torch.arange(1, n + 1),
+            "loss_mask": torch.tensor(mask),
+            "hidden": torch.ones(n, 4, 8),
+        }
+
+    rows = [sample([0, 0, 1, 1, 0]), sample([0, 1, 1])]
+    torch.testing.assert_close(
+        batches.collate(rows, 16).loss_mask, torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 0, 0.0]])
+    )
+    torch.testing.assert_close(batches.collate(rows, 16, all_tokens=True).loss_mask,
+                               torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0.0]]))  # padding never  # fmt: skip
+    # the trainer asks for it for its training batches; validation stays on the replies
+    _, shards = data
+    real_collate, seen = batches.collate, []
+
+    def spy(samples, max_length, all_tokens=False):
+        seen.append(all_tokens)
+        return real_collate(samples, max_length, all_tokens)
+
+    monkeypatch.setattr(batches, "collate", spy)
+    train(str(shards), str(tmp_path / "p"), cfg(prompt_loss=True, max_steps=2, checkpoint_every=10))
+    assert True in seen and False in seen
+    seen.clear()
+    train(str(shards), str(tmp_path / "r"), cfg(max_steps=2, checkpoint_every=10))
+    assert set(seen) == {False}
+
+
 def test_online_equals_offline(tmp_path, data, tiny_llama_dir):
     ds, shards = data
     c = cfg(epochs=1, max_steps=4)
@@ -267,16 +299,50 @@ def test_online_equals_offline(tmp_path, data, tiny_llama_dir):
         torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=k)
 
 
+@pytest.mark.parametrize(
+    "schedule, expect",
+    [
+        ("constant", [0.5, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+        ("linear", [0.5, 1, 1, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8]),
+        ("wsd", [0.5, 1, 1, 1, 1, 1, 1, 1, 2 / 3, 1 / 3]),
+    ],  # fmt: skip
+)
+def test_lr_schedules(schedule, expect):
+    # 10 steps, 2 of warmup; wsd decays over the last round(0.3 * 10) = 3, toward min_lr_ratio 0.1
+    f = setup._lr_lambda(TrainConfig(schedule=schedule, warmup_ratio=0.2, cooldown_ratio=0.3), 10)
+    assert [f(s) for s in range(10)] == pytest.approx(expect)
+    g = setup._lr_lambda(
+        TrainConfig(schedule="wsd", warmup_ratio=0.2, cooldown_ratio=0.3, min_lr_ratio=0.1), 10
+    )
+    assert [g(s) for s in (7, 8, 9)] == pytest.approx([1, 0.1 + 0.9 * 2 / 3, 0.1 + 0.9 / 3])
+
+
 def test_user_errors_are_collected(tmp_path, data):
     _, shards = data
     with pytest.raises(ValueError) as e:
         train(
             str(shards),
             str(tmp_path / "x"),
-            cfg(ttt_steps=0, decay=2.0, lr=-1, schedule="step", layers=[1, 2, 3]),
+            cfg(
+                ttt_steps=0,
+                decay=2.0,
+                lr=-1,
+                schedule="step",
+                layers=[1, 2, 3],
+                cooldown_ratio=0,
+                hard_weight=2,
+            ),
         )
     msg = str(e.value)
-    for part in ("--ttt-steps", "--decay", "--lr", "--schedule", "--layers"):
+    for part in (
+        "--ttt-steps",
+        "--decay",
+        "--lr",
+        "--schedule",
+        "--layers",
+        "--cooldown-ratio",
+        "--hard-weight",
+    ):
         assert part in msg
     with pytest.raises(ValueError, match="no checkpoint"):
         train(str(shards), str(tmp_path / "x"), cfg(resume=True))

@@ -5,6 +5,7 @@ dropped from the loss (EAGLE-3) while accuracy is scored against the full-vocabu
 from __future__ import annotations
 
 import contextlib
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -245,8 +246,8 @@ def test_out_of_vocabulary_positions_are_dropped_and_scored_against_full_argmax(
     assert t.kl_mask[0].tolist() == kept
     assert t.counts.tolist() == [[4, 3], [2, 2] if oov_mask else [4, 3], [2, 1]]
 
-    def run(logits):
-        m = TTTModel(IndexDraft(logits), K, 0.8, checkpoint_head=False)
+    def run(logits, hard=0.0):
+        m = TTTModel(IndexDraft(logits), K, 0.8, checkpoint_head=False, hard_weight=hard)
         ids, aux = torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, 3)
         return m(
             ids, aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask, t.counts[1]
@@ -261,6 +262,16 @@ def test_out_of_vocabulary_positions_are_dropped_and_scored_against_full_argmax(
     per_pos = torch.log(torch.tensor(float(VD))) + F.pad(t.negent, (0, 1))  # (T,) teacher positions
     teach = [[2, 4], [2, 4]] if oov_mask else [[1, 2, 3, 4], [2, 3, 4]]  # teacher positions of kept tokens
     torch.testing.assert_close(kl, torch.stack([per_pos[p].sum() for p in teach]))
+    # hard targets: the loss is the cross-entropy against the full-vocabulary argmax (log Vd for a uniform
+    # draft; none where that argmax is out of vocabulary), the KL reported is the same
+    loss_h, kl_h, _ = run(torch.zeros(1, T, VD), hard=1.0)
+    torch.testing.assert_close(kl_h, kl)
+    share = [1, 1] if oov_mask else [2 / 4, 2 / 3]  # in-vocabulary share of each step's KL positions
+    hard_loss = math.log(VD) * (share[0] + 0.8 * share[1])
+    assert float(loss_h) == pytest.approx(hard_loss, rel=1e-5)
+    kl_loss = float(run(torch.zeros(1, T, VD))[0])
+    loss_m, _, _ = run(torch.zeros(1, T, VD), hard=0.25)  # a mix: (1 - w) KL + w cross-entropy
+    assert float(loss_m) == pytest.approx(0.75 * kl_loss + 0.25 * hard_loss, rel=1e-5)
 
     # accuracy against the full-vocabulary argmax over every loss position, and the logged shares
     loss, kl_copy, agree = run(logp)  # the draft copies the teacher's draft-vocabulary distribution

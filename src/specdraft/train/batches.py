@@ -56,8 +56,11 @@ class Batch:
     tokens: int  # real (unpadded) tokens
 
 
-def collate(samples: list[dict], max_length: int) -> Batch:
-    """Right-pad samples (truncated to max_length) into one batch; aux slots in ascending id order."""
+def collate(samples: list[dict], max_length: int, all_tokens: bool = False) -> Batch:
+    """Right-pad samples (truncated to max_length) into one batch; aux slots in ascending id order.
+
+    all_tokens: the loss mask covers every real token (prompt included) instead of the samples' own.
+    """
     T = min(max(int(s["input_ids"].shape[0]) for s in samples), max_length)
     n_slots, H = samples[0]["hidden"].shape[1:]
     assert n_slots == 4, f"expected 4 captured layers (3 aux + final), got {n_slots}"
@@ -69,16 +72,18 @@ def collate(samples: list[dict], max_length: int) -> Batch:
     for b, s in enumerate(samples):
         n = min(int(s["input_ids"].shape[0]), T)
         ids[b, :n] = s["input_ids"][:n]
-        mask[b, :n] = s["loss_mask"][:n].float()
+        mask[b, :n] = 1.0 if all_tokens else s["loss_mask"][:n].float()
         hid[b, :n] = s["hidden"][:n]
         tokens += n
     aux = hid[:, :, :3].reshape(B, T, 3 * H)  # (B, T, 3, H) -> (B, T, 3H)
     return Batch(ids, mask, aux, hid[:, :, 3], tokens)  # final: (B, T, H)
 
 
-def load_rows(source, sids: list[int], rank: int, world: int, max_length: int) -> Batch:
-    """This rank's rows (`sids[rank::world]`) of a global batch, loaded and collated."""
-    return collate(source.load(sids[rank::world]), max_length)
+def load_rows(
+    source, sids: list[int], rank: int, world: int, max_length: int, all_tokens: bool = False
+) -> Batch:
+    """This rank's rows (`sids[rank::world]`) of a global batch, loaded and collated (`collate`)."""
+    return collate(source.load(sids[rank::world]), max_length, all_tokens)
 
 
 def _to_device(b: Batch, device: torch.device) -> Batch:

@@ -26,6 +26,8 @@ class TrainConfig:
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
+    hard_weight: float = 0.0  # loss: (1 - w) x KL to the target + w x cross-entropy on its argmax
+    prompt_loss: bool = False  # also train on prompt tokens (the target is the teacher there too)
     epochs: int = 1  # passes over the training split
     max_steps: int = 0  # stop after this many optimizer steps (0 = run all epochs)
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
@@ -33,7 +35,8 @@ class TrainConfig:
     max_samples: int = 0  # use only the first N samples (0 = all)
     lr: float = 1e-4  # peak learning rate of AdamW
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
-    schedule: str = "cosine"  # decay after warmup: cosine, linear or constant
+    schedule: str = "cosine"  # after warmup: cosine, linear, constant, wsd (constant, linear at the end)
+    cooldown_ratio: float = 0.2  # wsd: share of all steps, at the end, decaying to --min-lr-ratio
     warmup_ratio: float = 0.015  # warmup length as a fraction of all steps
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 0.5  # clip the global gradient norm to this (0 = off)
@@ -64,6 +67,8 @@ class TrainConfig:
         for name in ("max_steps", "max_samples", "val_every", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 errs.append(f"--{name.replace('_', '-')} must not be negative, not {getattr(self, name)}")
+        if not 0 <= self.hard_weight <= 1:
+            errs.append(f"--hard-weight must be in [0, 1], not {self.hard_weight}")
         if not 0 < self.decay <= 1:
             errs.append(f"--decay must be in (0, 1], not {self.decay}")
         if self.lr <= 0:
@@ -72,8 +77,10 @@ class TrainConfig:
             errs.append("--min-lr-ratio must be in [0, 1] and --warmup-ratio in [0, 1)")
         if not 0 <= self.val_fraction < 1:
             errs.append(f"--val-fraction must be in [0, 1), not {self.val_fraction}")
-        if self.schedule not in ("cosine", "linear", "constant"):
-            errs.append(f"--schedule must be cosine, linear or constant, not {self.schedule!r}")
+        if self.schedule not in ("cosine", "linear", "constant", "wsd"):
+            errs.append(f"--schedule must be cosine, linear, constant or wsd, not {self.schedule!r}")
+        if not 0 < self.cooldown_ratio <= 1:
+            errs.append(f"--cooldown-ratio must be in (0, 1], not {self.cooldown_ratio}")
         if self.checkpoint_head not in ("auto", "on", "off"):
             errs.append(f"--checkpoint-head must be auto, on or off, not {self.checkpoint_head!r}")
         if self.dtype not in ("", "float32", "bfloat16"):

@@ -166,7 +166,8 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     batches0, per_epoch, total, val_batches = _plan(st, cfg, world)
     ck_head = head_checkpointing(cfg.checkpoint_head, cfg.ttt_steps, cfg.max_tokens // world,
                                  st.draft.cfg.draft_vocab_size)  # fmt: skip
-    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, ck_head, cfg.attention_chunk, cfg.checkpoint_layer)
+    model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, ck_head, cfg.attention_chunk, cfg.checkpoint_layer,
+                     hard_weight=cfg.hard_weight)  # fmt: skip
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
     if rank == 0:
@@ -221,7 +222,7 @@ def _print_header(run: _Run) -> None:
 
 def _load(run: _Run, sids: list[int]) -> Batch:
     """This rank's rows of the global batch `sids` (runs in the prefetch thread when there is one)."""
-    return load_rows(run.st.source, sids, run.rank, run.world, run.cfg.max_length)
+    return load_rows(run.st.source, sids, run.rank, run.world, run.cfg.max_length, run.cfg.prompt_loss)
 
 
 def _cursor_at(run: _Run, step: int) -> _Cursor:

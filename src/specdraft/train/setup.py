@@ -122,14 +122,19 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
 
 
 def _lr_lambda(cfg: TrainConfig, total: int):
-    """The learning-rate factor of each step: linear warmup, then cosine, linear or constant decay."""
+    """The learning-rate factor of each step: linear warmup, then cosine, linear or constant decay, or (wsd)
+    constant then linear over the last `cooldown_ratio` of the steps."""
     warm = int(round(cfg.warmup_ratio * total))
+    cool = max(1, int(round(cfg.cooldown_ratio * total)))
 
     def f(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        if cfg.schedule == "constant":
+        if cfg.schedule == "constant" or (cfg.schedule == "wsd" and step < total - cool):
             return 1.0
+        if cfg.schedule == "wsd":
+            frac = (step - (total - cool)) / cool
+            return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - frac)
         frac = min(1.0, (step - warm) / max(1, total - warm))
         shape = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape

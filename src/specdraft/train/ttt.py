@@ -363,8 +363,11 @@ def _head_stats(
     teacher_negent: torch.Tensor,
     top: torch.Tensor,
     kl_mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sums of KL(teacher || draft) (over kl_mask) and of top-1 agreement over M scored slots.
+    hard_weight: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sums of the loss and of KL(teacher || draft) (both over kl_mask), and of top-1 agreement, over M
+    scored slots. The loss is (1 - hard_weight) x KL + hard_weight x the cross-entropy against the target's
+    full-vocabulary argmax (a one-hot label; none where that argmax is outside the draft vocabulary).
 
     h (M, H) the draft's hidden states at the scored slots only (lm_head never runs elsewhere), rows (M,)
     their teacher rows in teacher_p (N, Vd) and teacher_negent (N,), top (M,) the draft index of the
@@ -377,7 +380,12 @@ def _head_stats(
     ce = F.cross_entropy(logits, teacher_p[rows], reduction="none")  # (M,): - sum p log q
     kl = ce + teacher_negent[rows]  # (M,)
     agree = (logits.argmax(-1) == top).float()  # (M,): log-softmax keeps the argmax
-    return (kl * kl_mask).sum(), agree.sum().detach()
+    kl_sum = (kl * kl_mask).sum()
+    if hard_weight == 0:
+        return kl_sum, kl_sum.detach(), agree.sum().detach()
+    hard_ce = F.cross_entropy(logits, top.clamp(min=0), reduction="none") * (top >= 0)  # (M,)
+    loss = (1 - hard_weight) * kl_sum + hard_weight * (hard_ce * kl_mask).sum()
+    return loss, kl_sum.detach(), agree.sum().detach()
 
 
 def head_checkpointing(setting: str, ttt_steps: int, tokens: int, vocab: int, budget: int = 2 << 30) -> bool:
@@ -400,8 +408,10 @@ class TTTModel(nn.Module):
         chunk_elems: int = 1 << 25,
         checkpoint_layer: bool = False,
         skip_dead: bool = True,
+        hard_weight: float = 0.0,
     ):
         super().__init__()
+        self.hard_weight = hard_weight  # loss: (1 - w) KL + w cross-entropy on the target's argmax
         self.skip_dead = skip_dead  # compute each TTT step only at its live slots (`live_slots`)
         self.draft = draft
         self.ttt_steps = ttt_steps
@@ -467,13 +477,13 @@ class TTTModel(nn.Module):
             rows = teacher_row[:, 1 + i : 1 + i + n][scored]  # (M,) teacher rows of the scored slots
             assert bool((rows >= 0).all()), "a scored slot without its teacher row (teacher_positions)"
             args = (h[:, :n][scored], rows, teacher_p, teacher_negent, teacher_top[:, 1 + i : 1 + i + n][scored],
-                    kmask[:, 2 + i : 2 + i + n][scored])  # (M, H), (M,), (N, Vd), (N,), (M,), (M,)  # fmt: skip
+                    kmask[:, 2 + i : 2 + i + n][scored], self.hard_weight)  # (M, H), (M,), (N, Vd), (N,), (M,), (M,)  # fmt: skip
             if self.checkpoint_head and torch.is_grad_enabled():
-                kl, agree = grad_checkpoint(_head_stats, self.draft, *args, use_reentrant=False)
+                li, kl, agree = grad_checkpoint(_head_stats, self.draft, *args, use_reentrant=False)
             else:
-                kl, agree = _head_stats(self.draft, *args)
-            loss = loss + (self.decay**i) * kl / norm[i]
-            kl_sums.append(kl.detach())
+                li, kl, agree = _head_stats(self.draft, *args)
+            loss = loss + (self.decay**i) * li / norm[i]
+            kl_sums.append(kl)
             agree_sums.append(agree)
         return loss, torch.stack(kl_sums), torch.stack(agree_sums)  # (), (K,), (K,)
 
