@@ -8,9 +8,10 @@ An `--out` kept from an earlier run is reused: its extraction, and every arm alr
 The setting (issue 11's, the speculators peer's): the first `--samples` usable ShareGPT conversations cut to
 at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) template and truncated to
 `--max-length` tokens, extracted once (hf backend); draft vocabulary 8192, 3 TTT steps, one epoch. Every
-arm trains from the same shards with the same seed and data order and changes one thing against `defaults`
-(the library defaults at that setting); every draft is exported and served by vLLM behind the target over
-the MT-bench first turns (k=3, greedy, 64 new tokens) in one run, side by side. Prints one table.
+arm trains from the same shards with seed 0 and its data order (unless the arm sets `seed`: the seed moves
+tau by about +-0.015 here) and lists what it changes against the library defaults; every draft is exported
+and served by vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new tokens) in one run,
+side by side. Prints one table. The best arm: `lr1e-3_tok512_constant_prompt_loss_decay0.5_hard`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from specdraft.train.loop import train
 
 BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, val_fraction=0.0, checkpoint_every=10**6,
                    progress=False, tensorboard=False, seed=0)  # fmt: skip
+SMALL = {
+    "lr": 1e-3,
+    "max_tokens": 512,
+    "schedule": "constant",
+}  # the best optimizer settings at this data size
 ARMS = {  # name: what changes against the library defaults at this setting
     "defaults": {},
     "lr3e-4": {"lr": 3e-4},
@@ -46,13 +52,76 @@ ARMS = {  # name: what changes against the library defaults at this setting
     "lr3e-4_tok512": {"lr": 3e-4, "max_tokens": 512},
     "lr1e-3_tok512": {"lr": 1e-3, "max_tokens": 512},
     "lr1e-3_tok1024": {"lr": 1e-3, "max_tokens": 1024},
-    "lr1e-3_tok512_constant": {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"},
-    "lr2e-3_tok512_constant": {"lr": 2e-3, "max_tokens": 512, "schedule": "constant"},
-    "lr1e-3_tok512_constant_no_init_head": {
-        "lr": 1e-3,
-        "max_tokens": 512,
-        "schedule": "constant",
-        "init_lm_head": False,
+    "lr1e-3_tok512_constant": SMALL,
+    "lr2e-3_tok512_constant": {**SMALL, "lr": 2e-3},
+    "lr1e-3_tok512_constant_no_init_head": {**SMALL, "init_lm_head": False},
+    "lr1e-3_tok512_constant_seed1": {**SMALL, "seed": 1},
+    "lr1e-3_tok512_constant_seed2": {**SMALL, "seed": 2},
+    "lr1e-3_tok512_constant_decay0.5": {**SMALL, "decay": 0.5},
+    "lr1e-3_tok512_constant_noclip": {**SMALL, "grad_clip": 0.0},
+    "lr1e-3_tok512_constant_hard": {**SMALL, "hard_weight": 1.0},
+    "lr1e-3_tok512_constant_prompt_loss": {**SMALL, "prompt_loss": True},
+    "lr1e-3_tok512_constant_prompt_loss_seed1": {**SMALL, "prompt_loss": True, "seed": 1},
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5": {**SMALL, "prompt_loss": True, "decay": 0.5},
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_seed1": {
+        **SMALL,
+        "prompt_loss": True,
+        "decay": 0.5,
+        "seed": 1,
+    },
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_seed2": {
+        **SMALL,
+        "prompt_loss": True,
+        "decay": 0.5,
+        "seed": 2,
+    },
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": {
+        **SMALL,
+        "prompt_loss": True,
+        "decay": 0.5,
+        "hard_weight": 1.0,
+    },  # fmt: skip
+    "lr1e-3_tok512_constant_prompt_loss_hard": {**SMALL, "prompt_loss": True, "hard_weight": 1.0},
+    "lr1e-3_tok512_constant_prompt_loss_hard_seed1": {
+        **SMALL,
+        "prompt_loss": True,
+        "hard_weight": 1.0,
+        "seed": 1,
+    },
+    "lr1e-3_tok512_wsd_prompt_loss_hard": {
+        **SMALL,
+        "schedule": "wsd",
+        "prompt_loss": True,
+        "hard_weight": 1.0,
+    },
+    "lr1e-3_tok512_constant_prompt_loss_mix0.5": {**SMALL, "prompt_loss": True, "hard_weight": 0.5},
+    "lr1.5e-3_tok512_constant_prompt_loss_hard": {
+        **SMALL,
+        "lr": 1.5e-3,
+        "prompt_loss": True,
+        "hard_weight": 1.0,
+    },
+    "lr7e-4_tok512_constant_prompt_loss_hard": {**SMALL, "lr": 7e-4, "prompt_loss": True, "hard_weight": 1.0},
+    "lr1e-3_tok512_wsd_prompt_loss_hard_seed1": {
+        **SMALL,
+        "schedule": "wsd",
+        "prompt_loss": True,
+        "hard_weight": 1.0,
+        "seed": 1,
+    },
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard_seed1": {
+        **SMALL,
+        "prompt_loss": True,
+        "decay": 0.5,
+        "hard_weight": 1.0,
+        "seed": 1,
+    },
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard_seed2": {
+        **SMALL,
+        "prompt_loss": True,
+        "decay": 0.5,
+        "hard_weight": 1.0,
+        "seed": 2,
     },
 }
 
