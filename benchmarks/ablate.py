@@ -8,8 +8,8 @@ An `--out` kept from an earlier run is reused: its extraction, and every arm alr
 The setting (issue 11's, the speculators peer's): the first `--samples` usable ShareGPT conversations cut to
 at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) template and truncated to
 `--max-length` tokens, extracted once (hf backend); draft vocabulary 8192, 3 TTT steps, one epoch. Every
-arm trains from the same shards with seed 0 and its data order (unless the arm sets `seed`: the seed moves
-tau by about +-0.015 here) and lists what it changes against the library defaults; every draft is exported
+arm trains from the same shards with seed 0 and its data order (`ARM_seedN`, listed in `SEEDS`, with seed N:
+the seed moves tau by about +-0.015 here) and lists what it changes against the library defaults; every draft is exported
 and served by vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new tokens) in one run,
 side by side. Prints one table. The best arm: `lr1e-3_tok512_constant_prompt_loss_decay0.5_hard`.
 """
@@ -33,11 +33,7 @@ from specdraft.train.loop import train
 
 BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, val_fraction=0.0, checkpoint_every=10**6,
                    progress=False, tensorboard=False, seed=0)  # fmt: skip
-SMALL = {
-    "lr": 1e-3,
-    "max_tokens": 512,
-    "schedule": "constant",
-}  # the best optimizer settings at this data size
+SMALL = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"}  # the best optimizer settings at this size
 ARMS = {  # name: what changes against the library defaults at this setting
     "defaults": {},
     "lr3e-4": {"lr": 3e-4},
@@ -55,39 +51,18 @@ ARMS = {  # name: what changes against the library defaults at this setting
     "lr1e-3_tok512_constant": SMALL,
     "lr2e-3_tok512_constant": {**SMALL, "lr": 2e-3},
     "lr1e-3_tok512_constant_no_init_head": {**SMALL, "init_lm_head": False},
-    "lr1e-3_tok512_constant_seed1": {**SMALL, "seed": 1},
-    "lr1e-3_tok512_constant_seed2": {**SMALL, "seed": 2},
     "lr1e-3_tok512_constant_decay0.5": {**SMALL, "decay": 0.5},
     "lr1e-3_tok512_constant_noclip": {**SMALL, "grad_clip": 0.0},
     "lr1e-3_tok512_constant_hard": {**SMALL, "hard_weight": 1.0},
     "lr1e-3_tok512_constant_prompt_loss": {**SMALL, "prompt_loss": True},
-    "lr1e-3_tok512_constant_prompt_loss_seed1": {**SMALL, "prompt_loss": True, "seed": 1},
     "lr1e-3_tok512_constant_prompt_loss_decay0.5": {**SMALL, "prompt_loss": True, "decay": 0.5},
-    "lr1e-3_tok512_constant_prompt_loss_decay0.5_seed1": {
-        **SMALL,
-        "prompt_loss": True,
-        "decay": 0.5,
-        "seed": 1,
-    },
-    "lr1e-3_tok512_constant_prompt_loss_decay0.5_seed2": {
-        **SMALL,
-        "prompt_loss": True,
-        "decay": 0.5,
-        "seed": 2,
-    },
     "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": {
         **SMALL,
         "prompt_loss": True,
         "decay": 0.5,
         "hard_weight": 1.0,
-    },  # fmt: skip
-    "lr1e-3_tok512_constant_prompt_loss_hard": {**SMALL, "prompt_loss": True, "hard_weight": 1.0},
-    "lr1e-3_tok512_constant_prompt_loss_hard_seed1": {
-        **SMALL,
-        "prompt_loss": True,
-        "hard_weight": 1.0,
-        "seed": 1,
     },
+    "lr1e-3_tok512_constant_prompt_loss_hard": {**SMALL, "prompt_loss": True, "hard_weight": 1.0},
     "lr1e-3_tok512_wsd_prompt_loss_hard": {
         **SMALL,
         "schedule": "wsd",
@@ -102,28 +77,16 @@ ARMS = {  # name: what changes against the library defaults at this setting
         "hard_weight": 1.0,
     },
     "lr7e-4_tok512_constant_prompt_loss_hard": {**SMALL, "lr": 7e-4, "prompt_loss": True, "hard_weight": 1.0},
-    "lr1e-3_tok512_wsd_prompt_loss_hard_seed1": {
-        **SMALL,
-        "schedule": "wsd",
-        "prompt_loss": True,
-        "hard_weight": 1.0,
-        "seed": 1,
-    },
-    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard_seed1": {
-        **SMALL,
-        "prompt_loss": True,
-        "decay": 0.5,
-        "hard_weight": 1.0,
-        "seed": 1,
-    },
-    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard_seed2": {
-        **SMALL,
-        "prompt_loss": True,
-        "decay": 0.5,
-        "hard_weight": 1.0,
-        "seed": 2,
-    },
 }
+SEEDS = {  # arms also run with other seeds (the draft's init and the data order): ARM_seedN
+    "lr1e-3_tok512_constant": (1, 2),
+    "lr1e-3_tok512_constant_prompt_loss": (1,),
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5": (1, 2),
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": (1, 2),
+    "lr1e-3_tok512_constant_prompt_loss_hard": (1,),
+    "lr1e-3_tok512_wsd_prompt_loss_hard": (1,),
+}
+ARMS.update({f"{name}_seed{s}": {**ARMS[name], "seed": s} for name, seeds in SEEDS.items() for s in seeds})
 
 
 def conversations(out: Path, n: int, pairs: int) -> Path:
