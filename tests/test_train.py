@@ -199,9 +199,10 @@ def test_train_offline_learns_and_writes_outputs(tmp_path, data):
     assert len(ck) == 2 and (out / "checkpoints" / "latest").read_text() == ck[-1].name
 
 
-def test_resume_is_exact(tmp_path, data, monkeypatch):
+@pytest.mark.parametrize("spb", [1, 2], ids=["one-step-a-batch", "two-steps-a-batch"])
+def test_resume_is_exact(tmp_path, data, monkeypatch, spb):
     _, shards = data
-    c = cfg(epochs=2, checkpoint_every=3)
+    c = cfg(epochs=2, checkpoint_every=3, steps_per_batch=spb)  # spb 2: the checkpoint is mid-batch
     full = train(str(shards), str(tmp_path / "a"), c)
 
     class Killed(Exception):
@@ -286,6 +287,30 @@ def test_prompt_loss_scores_every_real_token_in_training_only(tmp_path, data, mo
     assert set(seen) == {False}
 
 
+def test_steps_per_batch_split_each_rows_scored_tokens_in_order(tmp_path, data, monkeypatch):
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [1, 0, 1, 0, 0, 0, 0, 0], [0.0] * 8])
+    parts = [batches.loss_part(mask, j, 2) for j in range(2)]
+    torch.testing.assert_close(
+        parts[0], torch.tensor([[0, 1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0], [0.0] * 8])
+    )
+    torch.testing.assert_close(parts[0] + parts[1], mask)  # a partition: every scored token once
+    thirds = torch.stack([batches.loss_part(mask, j, 3) for j in range(3)])  # (3, B, T)
+    torch.testing.assert_close(thirds.sum(0), mask)
+    assert thirds.sum(2)[:, 0].tolist() == [2, 2, 1] and thirds.amax(0).le(1).all()  # near-equal shares
+    # the trainer: N optimizer steps per batch, step j of a batch scoring share j of its loss mask
+    _, shards = data
+    real, seen = loop.loss_part, []
+    monkeypatch.setattr(loop, "loss_part", lambda m, j, n: seen.append((j, n)) or real(m, j, n))
+    one = train(str(shards), str(tmp_path / "one"), cfg(epochs=1, val_fraction=0.0))
+    two = train(str(shards), str(tmp_path / "two"), cfg(epochs=1, val_fraction=0.0, steps_per_batch=2))
+    n1, n2 = (json.loads((f / "config.json").read_text())["train"]["steps"] for f in (one, two))
+    assert n2 == 2 * n1 and seen == [(0, 2), (1, 2)] * n1
+    tr = [r for r in metrics(tmp_path / "two") if r["split"] == "train"]
+    assert sum(r["tokens"] for r in tr[::2]) == sum(
+        r["tokens"] for r in metrics(tmp_path / "one") if r["split"] == "train"
+    )
+
+
 def test_online_equals_offline(tmp_path, data, tiny_llama_dir):
     ds, shards = data
     c = cfg(epochs=1, max_steps=4)
@@ -331,6 +356,7 @@ def test_user_errors_are_collected(tmp_path, data):
                 layers=[1, 2, 3],
                 cooldown_ratio=0,
                 hard_weight=2,
+                steps_per_batch=0,
             ),
         )
     msg = str(e.value)
@@ -342,6 +368,7 @@ def test_user_errors_are_collected(tmp_path, data):
         "--layers",
         "--cooldown-ratio",
         "--hard-weight",
+        "--steps-per-batch",
     ):
         assert part in msg
     with pytest.raises(ValueError, match="no checkpoint"):

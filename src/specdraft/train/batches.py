@@ -79,6 +79,16 @@ def collate(samples: list[dict], max_length: int, all_tokens: bool = False) -> B
     return Batch(ids, mask, aux, hid[:, :, 3], tokens)  # final: (B, T, H)
 
 
+def loss_part(mask: torch.Tensor, part: int, parts: int) -> torch.Tensor:
+    """Share `part` of `parts` of a (B, T) loss mask: each row's scored positions (mask > 0) cut in order into
+    `parts` contiguous runs of near-equal count. The shares partition the mask (they sum to it)."""
+    assert 0 <= part < parts
+    on = mask > 0  # (B, T)
+    rank = on.cumsum(1) - 1  # (B, T): the index of each scored position in its row
+    n = on.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
+    return mask * (on & (rank * parts // n == part))  # (B, T)
+
+
 def load_rows(
     source, sids: list[int], rank: int, world: int, max_length: int, all_tokens: bool = False
 ) -> Batch:

@@ -29,6 +29,7 @@ class TrainConfig:
     hard_weight: float = 0.0  # loss: (1 - w) x KL to the target + w x cross-entropy on its argmax
     prompt_loss: bool = False  # also train on prompt tokens (the target is the teacher there too)
     epochs: int = 1  # passes over the training split
+    steps_per_batch: int = 1  # optimizer steps per batch, each on the next contiguous 1/N of every row's scored tokens (full context each time)
     max_steps: int = 0  # stop after this many optimizer steps (0 = run all epochs)
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
     max_length: int = 2048  # longer samples are truncated to this many tokens
@@ -60,7 +61,7 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every user error in these settings (empty when all is well)."""
         errs = []
-        for name in ("ttt_steps", "epochs", "max_tokens", "max_length", "draft_vocab_size", "log_every",
+        for name in ("ttt_steps", "epochs", "steps_per_batch", "max_tokens", "max_length", "draft_vocab_size", "log_every",
                      "checkpoint_every", "keep_checkpoints", "attention_chunk"):  # fmt: skip
             if getattr(self, name) < 1:
                 errs.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")

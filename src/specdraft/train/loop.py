@@ -17,7 +17,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ from torch import nn
 
 from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import latest_checkpoint, load_draft, save_draft
-from specdraft.train.batches import Batch, _plan_hash, _to_device, load_rows, plan_batches
+from specdraft.train.batches import Batch, _plan_hash, _to_device, load_rows, loss_part, plan_batches
 from specdraft.train.checkpoint import (
     _draft_from_state,
     _full_states,
@@ -93,11 +93,11 @@ class _Run:
 
 @dataclass
 class _Cursor:
-    """Where the loop stands: optimizer steps done, the epoch, the batch index in it, that epoch's plan."""
+    """Where the loop stands: optimizer steps done, the epoch, the step in it, that epoch's plan."""
 
     step: int
     epoch: int
-    idx: int
+    idx: int  # the step in the epoch: batch idx // --steps-per-batch, share idx % --steps-per-batch
     plan: list[list[int]]
 
 
@@ -143,7 +143,7 @@ def _plan(st: _Setup, cfg: TrainConfig, world: int) -> tuple[list[list[int]], in
             raise ValueError(f"train: --max-tokens {cfg.max_tokens} cannot hold {world} samples of up to {longest} "
                              f"tokens (one per rank): raise --max-tokens or lower --max-length")  # fmt: skip
     batches0 = plan_batches(st.train_sids, st.lengths, cfg.max_tokens, world, cfg.seed)
-    per_epoch = len(batches0)
+    per_epoch = len(batches0) * cfg.steps_per_batch  # optimizer steps: --steps-per-batch per batch
     if per_epoch == 0:
         raise ValueError(f"train: no training batch: {len(st.train_sids)} training samples of length >= 3 "
                          f"for {world} ranks; add data or lower --val-fraction")  # fmt: skip
@@ -293,7 +293,7 @@ def _forward(
 
 def _where(cur: _Cursor, sids: list[int]) -> str:
     """The step, batch and samples of a non-finite error message."""
-    return f"step {cur.step + 1} (epoch {cur.epoch}, batch {cur.idx} of the epoch, samples {sids})"
+    return f"step {cur.step + 1} (epoch {cur.epoch}, step {cur.idx} of the epoch, samples {sids})"
 
 
 def _check_loss(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int], last_ckpt: str) -> None:
@@ -470,22 +470,25 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
                dynamic_ncols=True)  # fmt: skip
     pool = ThreadPoolExecutor(1) if cfg.prefetch and not cfg.online else None
     cur = _cursor_at(run, start)
-    pending = pool.submit(_load, run, cur.plan[cur.idx]) if pool else None
+    n_parts = cfg.steps_per_batch
+    pending = pool.submit(_load, run, cur.plan[cur.idx // n_parts]) if pool else None
     meter = _Meter()
+    whole, tokens, padded = None, 0, 0
     run.model.train()
     try:
         while cur.step < run.total:
             t0 = time.time()
-            # data: this step's rows (prefetched), the next step's load started in the background
-            sids = cur.plan[cur.idx]
-            b = pending.result() if pending else _load(run, sids)
+            # data: this step's rows (prefetched), the next batch's load started in the background; with
+            # --steps-per-batch N a batch serves N steps, step j scoring the j-th share of its loss mask
+            sids, part = cur.plan[cur.idx // n_parts], cur.idx % n_parts
+            if whole is None or part == 0:
+                whole = _to_device(pending.result() if pending else _load(run, sids), run.device)
+                tokens, padded = (int(x) for x in _all_sum(torch.tensor([float(whole.tokens),
+                                                                         float(whole.input_ids.numel())])))  # fmt: skip
             nxt = _advance(run, cur)
-            if pool and nxt.step < run.total:
-                pending = pool.submit(_load, run, nxt.plan[nxt.idx])
-            b = _to_device(b, run.device)
-            tokens, padded = (
-                int(x) for x in _all_sum(torch.tensor([float(b.tokens), float(b.input_ids.numel())]))
-            )
+            if pool and nxt.step < run.total and nxt.idx % n_parts == 0:
+                pending = pool.submit(_load, run, nxt.plan[nxt.idx // n_parts])
+            b = whole if n_parts == 1 else replace(whole, loss_mask=loss_part(whole.loss_mask, part, n_parts))
             t_data = time.time() - t0
 
             # teacher: draft-vocabulary log-probs, full-vocabulary argmax, (3, K) global token counts per
@@ -504,8 +507,8 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             cur = nxt
             meter.step_time += time.time() - t0
             meter.data_time += t_data
-            meter.tokens += tokens
-            meter.padded += padded
+            meter.tokens += tokens if part == 0 else 0  # tokens of data: counted once per batch
+            meter.padded += padded if part == 0 else 0
 
             # log: global per-step KL and accuracy, tokens/s, data-loading share
             if cur.step % cfg.log_every == 0 or cur.step == run.total:
