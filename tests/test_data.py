@@ -155,22 +155,6 @@ def test_prepare_end_to_end_reports_drops(tmp_path, tiny_llama_dir):
     assert counts.sum() == man["num_loss_tokens"] == sum(sum(m) for m in ds.loss_mask)
     with pytest.raises(ValueError, match="--strict.*no assistant turn.*records \\[1\\]"):
         prepare(str(src), str(tmp_path / "ds2"), target=str(tiny_llama_dir), max_length=128, strict=True)
-    # a conversation whose reply starts past max_length: dropped, or kept for --prompt-loss (no loss token)
-    long = write_jsonl(
-        tmp_path / "l.jsonl",
-        [{"messages": CONV}, {"messages": [{"role": "user", "content": "x " * 400}] + CONV[1:2]}],
-    )
-    man = load_dataset(
-        prepare(str(long), str(tmp_path / "l1"), target=str(tiny_llama_dir), max_length=64)
-    ).manifest
-    assert man["num_samples"] == 1 and man["dropped"]["no assistant token within max_length"]["records"] == [
-        1
-    ]
-    kept = load_dataset(prepare(str(long), str(tmp_path / "l2"), target=str(tiny_llama_dir), max_length=64,
-                                keep_prompt_only=True))  # fmt: skip
-    assert len(kept) == 2 and kept.manifest["prompt_only"] == {"count": 1, "records": [1]}
-    assert len(kept.input_ids[1]) == 64 and not any(kept.loss_mask[1]) and kept.manifest["dropped"] == {}
-    assert (kept.token_counts == load_dataset(tmp_path / "l1").token_counts).all()  # loss tokens only
 
 
 def test_leading_non_user_turns_are_dropped_not_the_conversation(tmp_path, tiny_llama_dir):

@@ -291,7 +291,6 @@ def prepare(
     max_samples: int = 0,
     strict: bool = False,
     trust_remote_code: bool = False,
-    keep_prompt_only: bool = False,
 ) -> Path:
     """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
 
@@ -304,8 +303,6 @@ def prepare(
         max_samples: keep at most this many usable conversations (0 = all), in file order.
         strict: fail instead of dropping bad records.
         trust_remote_code: passed to transformers for custom tokenizers.
-        keep_prompt_only: keep conversations whose replies all start past max_length (no loss token: they
-            train only with `train --prompt-loss`, on their prompt tokens); counted in the manifest.
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 
@@ -317,7 +314,6 @@ def prepare(
     report = ReadReport()
     rows_ids, rows_mask, rows_rec = [], [], []
     truncated: list[int] = []
-    prompt_only: list[int] = []  # kept with keep_prompt_only: no reply token within max_length
     counts = np.zeros(len(tok), dtype=np.int64)
     t0 = time.time()
     bar = tqdm(desc="prepare", unit=" conv", total=max_samples or None)
@@ -333,11 +329,9 @@ def prepare(
         if len(ids) > max_length:
             ids, mask = ids[:max_length], mask[:max_length]
             truncated.append(rec)
-        if not any(mask) and not keep_prompt_only:
+        if not any(mask):
             report.drop("no assistant token within max_length", rec)
             continue
-        if not any(mask):
-            prompt_only.append(rec)
         rows_ids.append(ids)
         rows_mask.append(mask)
         rows_rec.append(rec)
@@ -383,7 +377,6 @@ def prepare(
         "repaired": {k: {"count": len(v), "records": v} for k, v in report.repaired.items()},
         "truncated_tail_bytes": report.truncated_tail_bytes,
         "truncated_to_max_length": {"count": len(truncated), "records": truncated},
-        "prompt_only": {"count": len(prompt_only), "records": prompt_only},
         "seconds": round(time.time() - t0, 2),
     }
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
