@@ -78,6 +78,15 @@ ARMS = {  # name: what changes against the library defaults at this setting
     },
     "lr7e-4_tok512_constant_prompt_loss_hard": {**SMALL, "lr": 7e-4, "prompt_loss": True, "hard_weight": 1.0},
 }
+BEST = ARMS["lr1e-3_tok512_constant_prompt_loss_decay0.5_hard"]
+ARMS.update({
+    "best_spb2": {**BEST, "steps_per_batch": 2},
+    "best_spb4": {**BEST, "steps_per_batch": 4},
+    "best_spb4_lr5e-4": {**BEST, "steps_per_batch": 4, "lr": 5e-4},
+    "best_spb2_decay0.3": {**BEST, "steps_per_batch": 2, "decay": 0.3},
+    "best_spb2_ttt4": {**BEST, "steps_per_batch": 2, "ttt_steps": 4},
+    "best_spb3_lr7e-4": {**BEST, "steps_per_batch": 3, "lr": 7e-4},
+})  # fmt: skip
 SEEDS = {  # arms also run with other seeds (the draft's init and the data order): ARM_seedN
     "lr1e-3_tok512_constant": (1, 2),
     "lr1e-3_tok512_constant_prompt_loss": (1,),
@@ -85,6 +94,7 @@ SEEDS = {  # arms also run with other seeds (the draft's init and the data order
     "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": (1, 2),
     "lr1e-3_tok512_constant_prompt_loss_hard": (1,),
     "lr1e-3_tok512_wsd_prompt_loss_hard": (1,),
+    "best_spb2": (1, 2),
 }
 ARMS.update({f"{name}_seed{s}": {**ARMS[name], "seed": s} for name, seeds in SEEDS.items() for s in seeds})
 
