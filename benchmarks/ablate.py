@@ -11,7 +11,8 @@ at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) temp
 arm trains from the same shards with seed 0 and its data order (`ARM_seedN`, listed in `SEEDS`, with seed N:
 the seed moves tau by about +-0.015 here) and lists what it changes against the library defaults; every draft is exported
 and served by vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new tokens) in one run,
-side by side. Prints one table. The best arm: `lr1e-3_tok512_constant_prompt_loss_decay0.5_hard`.
+side by side. Prints one table. The best arm: `best_spb2` (`BEST`, the best loss settings, with
+`--steps-per-batch 2`).
 """
 
 from __future__ import annotations
