@@ -92,10 +92,10 @@ SEEDS = {  # arms also run with other seeds (the draft's init and the data order
     "lr1e-3_tok512_constant": (1, 2),
     "lr1e-3_tok512_constant_prompt_loss": (1,),
     "lr1e-3_tok512_constant_prompt_loss_decay0.5": (1, 2),
-    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": (1, 2),
+    "lr1e-3_tok512_constant_prompt_loss_decay0.5_hard": (1, 2, 3, 4),
     "lr1e-3_tok512_constant_prompt_loss_hard": (1,),
     "lr1e-3_tok512_wsd_prompt_loss_hard": (1,),
-    "best_spb2": (1, 2),
+    "best_spb2": (1, 2, 3, 4),
 }
 ARMS.update({f"{name}_seed{s}": {**ARMS[name], "seed": s} for name, seeds in SEEDS.items() for s in seeds})
 
