@@ -473,7 +473,7 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
     n_parts = cfg.steps_per_batch
     pending = pool.submit(_load, run, cur.plan[cur.idx // n_parts]) if pool else None
     meter = _Meter()
-    whole, tokens, padded = None, 0, 0
+    whole, tokens = None, 0
     run.model.train()
     try:
         while cur.step < run.total:
@@ -485,6 +485,8 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
                 whole = _to_device(pending.result() if pending else _load(run, sids), run.device)
                 tokens, padded = (int(x) for x in _all_sum(torch.tensor([float(whole.tokens),
                                                                          float(whole.input_ids.numel())])))  # fmt: skip
+                meter.tokens += tokens  # tokens of data: counted once per batch, when it is loaded
+                meter.padded += padded
             nxt = _advance(run, cur)
             if pool and nxt.step < run.total and nxt.idx % n_parts == 0:
                 pending = pool.submit(_load, run, nxt.plan[nxt.idx // n_parts])
@@ -507,8 +509,6 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             cur = nxt
             meter.step_time += time.time() - t0
             meter.data_time += t_data
-            meter.tokens += tokens if part == 0 else 0  # tokens of data: counted once per batch
-            meter.padded += padded if part == 0 else 0
 
             # log: global per-step KL and accuracy, tokens/s, data-loading share
             if cur.step % cfg.log_every == 0 or cur.step == run.total:
