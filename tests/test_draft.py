@@ -156,6 +156,18 @@ def test_build_draft_from_target():
     assert torch.equal(draft.draft_to_target(ids), draft_to_target_ids(draft.d2t)[ids])
 
 
+def test_fc_init_high_passes_the_highest_aux_layer_through():
+    tgt = tiny_target()
+    aux = torch.randn(2, 5, 3 * H)  # (B, T, 3H): low, mid, high
+    draft = build_draft(tgt, counts(), [1, 3, 4], draft_vocab_size=128, fc_init="high")
+    torch.testing.assert_close(draft.fuse(aux), aux[..., 2 * H :], rtol=0, atol=0)
+    random = build_draft(tgt, counts(), [1, 3, 4], draft_vocab_size=128)
+    assert (random.fuse(aux) - aux[..., 2 * H :]).abs().max() > 0.1
+    # only fc differs: the rest of the draft (same seed) is the same
+    a, b = dict(draft.named_parameters()), dict(random.named_parameters())
+    assert all(torch.equal(a[n], b[n]) for n in a if n != "fc.weight")
+
+
 def test_bad_config_errors_are_collected():
     with pytest.raises(ValueError, match="num_key_value_heads.*aux_layer_ids"):
         DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=3,

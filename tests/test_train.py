@@ -357,6 +357,7 @@ def test_user_errors_are_collected(tmp_path, data):
                 cooldown_ratio=0,
                 hard_weight=2,
                 steps_per_batch=0,
+                fc_init="identity",
             ),
         )
     msg = str(e.value)
@@ -369,6 +370,7 @@ def test_user_errors_are_collected(tmp_path, data):
         "--cooldown-ratio",
         "--hard-weight",
         "--steps-per-batch",
+        "--fc-init",
     ):
         assert part in msg
     with pytest.raises(ValueError, match="no checkpoint"):

@@ -472,9 +472,12 @@ def build_draft(
     norm_before_residual: bool = False,
     init_lm_head: bool = True,
     seed: int = 0,
+    fc_init: str = "random",
 ) -> Eagle3Draft:
     """A fresh draft for a `specdraft.targets.Target`: sized from its config, its embeddings copied and frozen,
-    the draft vocabulary from `token_counts`, lm_head rows from the target's (when `init_lm_head`)."""
+    the draft vocabulary from `token_counts`, lm_head rows from the target's (when `init_lm_head`), fc random
+    (EAGLE-3) or, with `fc_init="high"`, passing the highest aux layer's hidden state through unchanged."""
+    assert fc_init in ("random", "high"), fc_init
     cfg = DraftConfig.from_target(
         target.text_config,
         draft_vocab_size=draft_vocab_size,
@@ -505,6 +508,11 @@ def build_draft(
         head = getattr(target.lm_head, "weight", None)
         if init_lm_head and head is not None and head.shape[1] == cfg.hidden_size:
             draft.lm_head.weight.copy_(head[t2d.to(head.device)].float().cpu())
+        if fc_init == "high":  # the residual stream starts at the target's own late hidden state
+            H = cfg.hidden_size
+            assert cfg.target_hidden_size == H, "identity fc needs aux states as wide as the draft"
+            draft.fc.weight.zero_()  # (H, 3H): blocks low, mid, high
+            draft.fc.weight[:, 2 * H :].copy_(torch.eye(H))  # (H, H) identity on the high block
     return draft
 
 

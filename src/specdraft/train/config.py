@@ -23,6 +23,7 @@ class TrainConfig:
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
     norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
+    fc_init: str = "random"  # fc's start: random (EAGLE-3), or high: the highest aux layer passed through (identity)
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
@@ -78,6 +79,8 @@ class TrainConfig:
             errs.append("--min-lr-ratio must be in [0, 1] and --warmup-ratio in [0, 1)")
         if not 0 <= self.val_fraction < 1:
             errs.append(f"--val-fraction must be in [0, 1), not {self.val_fraction}")
+        if self.fc_init not in ("random", "high"):
+            errs.append(f"--fc-init must be random or high, not {self.fc_init!r}")
         if self.schedule not in ("cosine", "linear", "constant", "wsd"):
             errs.append(f"--schedule must be cosine, linear, constant or wsd, not {self.schedule!r}")
         if not 0 < self.cooldown_ratio <= 1:

@@ -114,7 +114,7 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     lengths = {s: min(n, cfg.max_length) for s, n in opened.lengths.items() if n >= 3}
     train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
     draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
-                        cfg.init_lm_head, seed=cfg.seed)  # fmt: skip
+                        cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init)  # fmt: skip
     teacher = TeacherHead(tgt, draft.t2d).to(device)
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
     embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding
