@@ -23,7 +23,7 @@ class TrainConfig:
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
     norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
-    fc_init: str = "random"  # fc's start: random (EAGLE-3), or high: the highest aux layer passed through (identity)
+    fc_init: str = "random"  # fc starts random (EAGLE-3), or high: the identity on the highest aux layer
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
