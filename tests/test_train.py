@@ -199,10 +199,11 @@ def test_train_offline_learns_and_writes_outputs(tmp_path, data):
     assert len(ck) == 2 and (out / "checkpoints" / "latest").read_text() == ck[-1].name
 
 
-@pytest.mark.parametrize("spb", [1, 2], ids=["one-step-a-batch", "two-steps-a-batch"])
-def test_resume_is_exact(tmp_path, data, monkeypatch, spb):
+@pytest.mark.parametrize(("spb", "ema"), [(1, 0.0), (2, 0.0), (1, 0.8)],
+                         ids=["one-step-a-batch", "two-steps-a-batch", "ema"])  # fmt: skip
+def test_resume_is_exact(tmp_path, data, monkeypatch, spb, ema):
     _, shards = data
-    c = cfg(epochs=2, checkpoint_every=3, steps_per_batch=spb)  # spb 2: the checkpoint is mid-batch
+    c = cfg(epochs=2, checkpoint_every=3, steps_per_batch=spb, ema=ema)  # spb 2: the checkpoint is mid-batch
     full = train(str(shards), str(tmp_path / "a"), c)
 
     class Killed(Exception):
@@ -342,6 +343,23 @@ def test_lr_schedules(schedule, expect):
     assert [g(s) for s in (7, 8, 9)] == pytest.approx([1, 0.1 + 0.9 * 2 / 3, 0.1 + 0.9 / 3])
 
 
+def test_ema_final_weights_are_the_moving_average_of_the_steps(tmp_path, data):
+    _, shards = data
+    c = cfg(epochs=1, max_steps=3, checkpoint_every=1, keep_checkpoints=5, ema=0.5, val_fraction=0.0)
+    final = train(str(shards), str(tmp_path / "e"), c)
+    w = [setup._setup(str(shards), c, torch.device("cpu")).draft.state_dict()]  # w0: the initial weights
+    ckpts = sorted((tmp_path / "e" / "checkpoints").glob("step_*"))  # the raw weights w1..w3
+    w += [load_draft(p).state_dict() for p in ckpts]
+    assert len(w) == 4
+    got = load_draft(final).state_dict()
+    for k in ("fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight"):
+        want = w[0][k]
+        for step in w[1:]:
+            want = 0.5 * want + 0.5 * step[k]  # e = ema * e + (1 - ema) * w_step
+        torch.testing.assert_close(got[k], want, atol=1e-6, rtol=1e-6, msg=k)
+        assert (got[k] - w[-1][k]).abs().max() > 1e-4, k  # not the last step's weights
+
+
 def test_user_errors_are_collected(tmp_path, data):
     _, shards = data
     with pytest.raises(ValueError) as e:
@@ -358,6 +376,7 @@ def test_user_errors_are_collected(tmp_path, data):
                 hard_weight=2,
                 steps_per_batch=0,
                 fc_init="identity",
+                ema=1.0,
             ),
         )
     msg = str(e.value)
@@ -371,6 +390,7 @@ def test_user_errors_are_collected(tmp_path, data):
         "--hard-weight",
         "--steps-per-batch",
         "--fc-init",
+        "--ema",
     ):
         assert part in msg
     with pytest.raises(ValueError, match="no checkpoint"):

@@ -96,7 +96,8 @@ def _load_train_state(ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str) 
     """The checkpoint's train_state.pt; refused when the math settings, the ranks or the data differ."""
     state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
     old = state["config"]
-    changed = [k for k, v in asdict(cfg).items() if k not in _RESUME_FREE and old.get(k) != v]
+    defaults = asdict(TrainConfig())  # a setting newer than the checkpoint: its default is what it ran with
+    changed = [k for k, v in asdict(cfg).items() if k not in _RESUME_FREE and old.get(k, defaults[k]) != v]
     if state["world"] != world:
         changed.append(f"{state['world']} ranks instead of {world}")
     if changed or state["plan_hash"] != plan_hash:

@@ -42,6 +42,7 @@ class TrainConfig:
     warmup_ratio: float = 0.015  # warmup length as a fraction of all steps
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 0.5  # clip the global gradient norm to this (0 = off)
+    ema: float = 0.0  # keep a moving average of the weights (this decay a step): final/ holds it (0 = off)
     val_fraction: float = 0.02  # share of samples held out for validation (at least 1 when > 0)
     val_every: int = 0  # validate every N steps (0 = only before and after training)
     log_every: int = 1  # write a metrics record every N steps
@@ -79,6 +80,10 @@ class TrainConfig:
             errs.append("--min-lr-ratio must be in [0, 1] and --warmup-ratio in [0, 1)")
         if not 0 <= self.val_fraction < 1:
             errs.append(f"--val-fraction must be in [0, 1), not {self.val_fraction}")
+        if not 0 <= self.ema < 1:
+            errs.append(f"--ema must be in [0, 1), not {self.ema}")
+        if self.ema and self.fsdp:
+            errs.append("--ema with --fsdp is not supported yet (the average is kept whole): drop one")
         if self.fc_init not in ("random", "high"):
             errs.append(f"--fc-init must be random or high, not {self.fc_init!r}")
         if self.schedule not in ("cosine", "linear", "constant", "wsd"):

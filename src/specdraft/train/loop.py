@@ -84,6 +84,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     info: dict  # settings, ranks, plan hash, provenance: recorded in every checkpoint's train_state.pt
+    ema: list[torch.Tensor] = field(default_factory=list)  # --ema: the moving average of `params`, else []
 
     @property
     def sharded(self) -> bool:
@@ -180,8 +181,9 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
         "plan_hash": _plan_hash(batches0),
         "provenance": st.provenance,
     }
+    ema = [p.detach().clone() for p in params] if cfg.ema else []  # starts at the initial weights
     return _Run(cfg, out_dir, rank, world, device, amp_dtype, amp, st, batches0, per_epoch, total,
-                val_batches, model, wrapped, params, optimizer, scheduler, info)  # fmt: skip
+                val_batches, model, wrapped, params, optimizer, scheduler, info, ema)  # fmt: skip
 
 
 def _check_disk(out_dir: Path, n_params: int, keep: int) -> None:
@@ -201,6 +203,9 @@ def _resume(run: _Run, ckpt: Path) -> int:
     """Model, optimizer, scheduler and RNG from the checkpoint (same settings and data required); its step."""
     state = _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0))
     start = _restore(ckpt, state, run.model, run.optimizer, run.scheduler)
+    with torch.no_grad():
+        for e, saved in zip(run.ema, state["ema"] if run.ema else []):
+            e.copy_(saved)
     if run.rank == 0:
         print(f"train: resuming from {ckpt} at step {start}/{run.total}", flush=True)
     return start
@@ -317,6 +322,9 @@ def _backward_step(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int],
                              f"last good checkpoint: {last_ckpt}. Lower --lr or check those samples")  # fmt: skip
     run.optimizer.step()
     run.scheduler.step()
+    with torch.no_grad():
+        for e, p in zip(run.ema, run.params):  # --ema: e = ema * e + (1 - ema) * p
+            e.lerp_(p, 1 - cfg.ema)
     return gnorm
 
 
@@ -401,7 +409,8 @@ def _checkpoint(run: _Run, step: int) -> str:
     path = ""
     if run.rank == 0:
         draft_cpu = _draft_from_state(run.st.draft, full_model) if run.sharded else run.st.draft
-        path = str(_save_checkpoint(run.out_dir, step, draft_cpu, full_opt, run.scheduler, run.info,
+        info = {**run.info, "ema": [e.cpu() for e in run.ema]}
+        path = str(_save_checkpoint(run.out_dir, step, draft_cpu, full_opt, run.scheduler, info,
                                     run.cfg.keep_checkpoints, run.st.embed_source))  # fmt: skip
     barrier(run.world)
     return path
@@ -529,7 +538,10 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    # --- end: final validation, final checkpoint, the trained draft -----------------------------------------
-    val = _validate(run, log, cur.step)
+    # --- end: final checkpoint (the weights trained, and --ema's average), final validation, the trained draft --
     _checkpoint(run, cur.step)
+    with torch.no_grad():
+        for p, e in zip(run.params, run.ema):  # --ema: final/ and its validation hold the moving average
+            p.copy_(e)
+    val = _validate(run, log, cur.step)
     return _finish(run, log, cur.step, val)
