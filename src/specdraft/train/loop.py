@@ -172,7 +172,7 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
     if rank == 0:
-        _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints)
+        _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints, 4 if cfg.ema else 3)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total))
     info = {
@@ -186,11 +186,12 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
                 val_batches, model, wrapped, params, optimizer, scheduler, info, ema)  # fmt: skip
 
 
-def _check_disk(out_dir: Path, n_params: int, keep: int) -> None:
-    """Refuse to start when the checkpoints this run keeps cannot fit (fp32 weights + AdamW's two moments)."""
+def _check_disk(out_dir: Path, n_params: int, keep: int, copies: int = 3) -> None:
+    """Refuse to start when the checkpoints this run keeps cannot fit (fp32 weights + AdamW's two moments,
+    + the --ema average)."""
     import shutil
 
-    per_ckpt = n_params * 4 * 3  # weights, exp_avg, exp_avg_sq in fp32; the frozen embedding is referenced
+    per_ckpt = n_params * 4 * copies  # weights, exp_avg, exp_avg_sq (, ema) in fp32; embedding referenced
     need = per_ckpt * (keep + 1) + n_params * 4  # kept + the one being written + final/
     free = shutil.disk_usage(out_dir).free
     if need > free:
