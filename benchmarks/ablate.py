@@ -11,8 +11,8 @@ at most `--pairs` user/assistant pairs, rendered with the target's (ChatML) temp
 arm trains from the same shards with seed 0 and its data order (`ARM_seedN`, listed in `SEEDS`, with seed N:
 the seed moves tau by about +-0.015 here) and lists what it changes against the library defaults; every draft is exported
 and served by vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new tokens) in one run,
-side by side. Prints one table. The best arm: `best_spb2` (`BEST`, the best loss settings, with
-`--steps-per-batch 2`).
+side by side. Prints one table. The best arm: `best_spb2_fc_high_ema0.99` (`BEST`, the best loss settings,
+with `--steps-per-batch 2 --fc-init high --ema 0.99`). An arm with `layers` extracts its own aux layers once.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ ARMS.update({
     "best_spb2_decay0.3": {**BEST, "steps_per_batch": 2, "decay": 0.3},
     "best_spb2_ttt4": {**BEST, "steps_per_batch": 2, "ttt_steps": 4},
     "best_spb3_lr7e-4": {**BEST, "steps_per_batch": 3, "lr": 7e-4},
+    "best_spb2_layers2_15_29": {**BEST, "steps_per_batch": 2, "layers": (2, 15, 29)},  # own extraction
+    "best_spb2_fc_high": {**BEST, "steps_per_batch": 2, "fc_init": "high"},
+    "best_spb2_fc_high_lr1.5e-3": {**BEST, "steps_per_batch": 2, "fc_init": "high", "lr": 1.5e-3},
+    "best_spb2_fc_high_decay0.3": {**BEST, "steps_per_batch": 2, "fc_init": "high", "decay": 0.3},
+    "best_spb2_fc_high_ema0.99": {**BEST, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99},
 })  # fmt: skip
 SEEDS = {  # arms also run with other seeds (the draft's init and the data order): ARM_seedN
     "lr1e-3_tok512_constant": (1, 2),
@@ -96,6 +101,8 @@ SEEDS = {  # arms also run with other seeds (the draft's init and the data order
     "lr1e-3_tok512_constant_prompt_loss_hard": (1,),
     "lr1e-3_tok512_wsd_prompt_loss_hard": (1,),
     "best_spb2": (1, 2, 3, 4),
+    "best_spb2_fc_high": (1, 2, 3, 4),
+    "best_spb2_fc_high_ema0.99": (1, 2, 3, 4),
 }
 ARMS.update({f"{name}_seed{s}": {**ARMS[name], "seed": s} for name, seeds in SEEDS.items() for s in seeds})
 
@@ -154,9 +161,14 @@ def main() -> None:
                 rows.append({"arm": name, "changes": ARMS[name], "export": str(root / f"export_{name}"),
                              "steps": _steps(root / f"train_{name}"), "train_s": None})  # fmt: skip
                 continue
-            cfg = replace(BASE, max_length=a.max_length, **ARMS[name])
+            changes = dict(ARMS[name])
+            layers = changes.pop("layers", None)  # other aux layers than the default: their own extraction
+            shards = hs if layers is None else root / ("hidden_states_layers_" + "_".join(map(str, layers)))
+            if layers is not None and not any(shards.glob("manifest-*.json")):
+                extract(str(ds), str(shards), backend="hf", layers=list(layers), skip_doctor=True)
+            cfg = replace(BASE, max_length=a.max_length, **changes)
             t0 = time.perf_counter()
-            final = train(str(hs), str(root / f"train_{name}"), cfg)
+            final = train(str(shards), str(root / f"train_{name}"), cfg)
             meta = json.loads((Path(final) / "config.json").read_text())["train"]
             exp = root / f"export_{name}"
             assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
