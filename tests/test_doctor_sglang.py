@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.engine import format_against
-from specdraft.engine.format_against import check_format_engine, format_engine_for
-from specdraft.engine.format_check import check_formats
-from specdraft.engine.format_model import entry_classes, safetensors_names
+from specdraft.doctor.formats import against as format_against
+from specdraft.doctor.formats.against import check_format_engine, format_engine_for
+from specdraft.doctor.formats.check import check_formats
+from specdraft.doctor.formats.model import entry_classes, safetensors_names
+from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import (
     EAGLE3_SAMPLE,
     EAGLE3_WEIGHTS,
@@ -26,7 +27,6 @@ from specdraft.engine.formats import (
     FormatEngine,
     LayerIds,
 )
-from specdraft.engine.static_sig import SourceTree
 
 PAIR = Path(__file__).parent / "engine_pair"
 _MODELS = "fakesgl.models"
@@ -105,7 +105,7 @@ def _safetensors(path: Path, names) -> None:
 
 def test_against_a_contractless_engine_checks_its_formats(tmp_path, monkeypatch):
     """`doctor --against fakesgl-tree [--export DIR]` goes through format_against, not the vLLM contract."""
-    from specdraft.engine.doctor import run_doctor
+    from specdraft.doctor.command import run_doctor
 
     monkeypatch.setattr(format_against, "FORMAT_ENGINES", {"fakesgl": FAKE_SGL})
     assert format_engine_for("fakesgl==2.0") is FAKE_SGL and format_engine_for("vllm==0.33.0") is None
@@ -134,8 +134,8 @@ def test_against_a_contractless_engine_checks_its_formats(tmp_path, monkeypatch)
 
 
 def test_sglang_is_declared_for_the_eagle3_export_only():
+    from specdraft.doctor.release.wheel import flavours
     from specdraft.engine.formats import FORMAT_ENGINES
-    from specdraft.engine.release import flavours
 
     assert [f.name for f in FORMAT_ENGINES["sglang"].formats] == ["eagle3"]
     assert flavours("sglang") == ["sglang"]  # no sglang-cpu: one package only

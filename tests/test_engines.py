@@ -16,12 +16,13 @@ ENGINE_PACKAGES = {"vllm", "transformers"}
 _CALLS = {"call": 0, "call_method": 1, "get": 0, "entry": 0, "read": 1}
 _WORKER_CALLS = ("worker_method", "worker_attribute")
 #: the contract machinery itself (it names entries generically), not a backend
-_MACHINERY = {"contract.py", "check.py", "static_sig.py", "doctor.py"}
+_MACHINERY = {"contract.py"}
 #: every module that uses an engine through the contract (worker extensions and engine/vllm_rpc.py included)
 BACKENDS = sorted(
     p
     for p in SRC.rglob("*.py")
     if not (p.parent.name == "engine" and p.name in _MACHINERY)
+    and "doctor" not in p.relative_to(SRC).parts
     and any(f"engines.{fn}(" in p.read_text() for fn in (*_CALLS, *_WORKER_CALLS))
 )
 #: modules that send collective_rpc calls (through a `_rpc` helper)
@@ -183,7 +184,7 @@ def test_doctor_checks_each_extension_against_the_installed_worker_classes(ext):
     and a mutated declaration (a method the class lacks, a worker attribute vLLM lacks) breaks."""
     from dataclasses import replace
 
-    from specdraft.engine.check import check_contract
+    from specdraft.doctor.check import check_contract
 
     def breaks(e):
         problems, _ = check_contract(engines.Contract("vllm", (), extensions=(e,)), device="cpu")
@@ -201,7 +202,7 @@ def test_doctor_checks_each_extension_against_the_installed_worker_classes(ext):
 def test_doctor_checks_every_extension_of_a_contract():
     from dataclasses import replace
 
-    from specdraft.engine.check import check_contract
+    from specdraft.doctor.check import check_contract
 
     good, other = EXTENSIONS
     bad = replace(other, rpc_methods=(*other.rpc_methods, "specdraft_missing"))

@@ -21,6 +21,7 @@ LAYERS = {
     "fileio": 0,
     "targets": 1,
     "engine": 2,
+    "doctor": 3,
     "data": 3,
     "model": 3,
     "capture": 4,
@@ -120,12 +121,40 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("pkg", sorted(p.parent.name for p in SRC.glob("*/__init__.py")))
+FOLDERS = sorted(p.parent.relative_to(SRC).as_posix() for p in SRC.rglob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("pkg", FOLDERS)
 def test_folder_says_what_it_owns(pkg):
     doc = ast.get_docstring(ast.parse((SRC / pkg / "__init__.py").read_text()))
     assert doc and "May import" in doc, (
         f"specdraft/{pkg}/__init__.py needs a docstring: what it owns, what it may import"
     )
+
+
+@pytest.mark.parametrize("pkg", FOLDERS)
+def test_folder_is_small_and_its_names_drop_its_prefix(pkg):
+    """At most 10 modules a folder (a bigger one wants sub-folders); `scan/walk.py`, not `scan/scan_walk.py`."""
+    mods = [p for p in (SRC / pkg).glob("*.py") if p.name != "__init__.py"]
+    assert len(mods) <= 10, f"specdraft/{pkg} holds {len(mods)} modules: split it into sub-folders"
+    stem = Path(pkg).name
+    prefixed = [p.name for p in mods if p.stem.startswith((stem + "_", stem.rstrip("s") + "_"))]
+    assert not prefixed, f"specdraft/{pkg}: drop the folder's prefix from {prefixed}"
+
+
+def test_doctor_sub_folders_point_down():
+    """Inside doctor/: `source/` reads engine source alone; no sub-folder reaches back to the command."""
+    bad = []
+    for mod, deps in _graph().items():
+        parts = mod.split(".")
+        if parts[1:2] != ["doctor"] or len(parts) < 4:
+            continue
+        for dep in deps:
+            if dep == "specdraft.doctor.command" or (
+                parts[2] == "source" and dep.split(".")[2:3] != ["source"]
+            ):
+                bad.append(f"{mod} imports {dep}")
+    assert not bad, "doctor sub-folders import upward:\n" + "\n".join(sorted(bad))
 
 
 def test_the_checker_catches_an_upward_import(tmp_path, monkeypatch):

@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import conversations, write_jsonl
-from torch import nn
+from conftest import StubDraft, conversations, stub_unroll, write_jsonl
 
 import specdraft.train.batches as batches
 import specdraft.train.loop as loop
@@ -95,42 +94,12 @@ def test_ttt_step_equals_brute_force_inference(target):
                 assert len(cache) == t + 1 + i
 
 
-class CopyDraft(nn.Module):
-    """A stub draft that reproduces the teacher exactly when the TTT alignment is right.
-
-    Its hidden state is the index b * T + t of a position (row b, slot t); each step adds 1; its logits are
-    the teacher's logits at that position. Step i at slot t must predict with the teacher at t + 1 + i.
-    """
-
-    def __init__(self, teacher_logits: torch.Tensor, shift: int = 1):
-        super().__init__()
-        self.teacher_logits = teacher_logits  # (B, T, Vd)
-        self.shift = shift
-        self.w = nn.Parameter(torch.zeros(()))
-
-    def fuse(self, aux):
-        B, n = aux.shape[:2]
-        return torch.arange(B * n, dtype=torch.float).view(B, n, 1) + self.w  # (B, T, 1)
-
-    def compute_logits(self, h):
-        flat = self.teacher_logits.flatten(0, 1)  # (B T, Vd)
-        return flat[h[..., 0].long().clamp(max=len(flat) - 1)]  # (..., Vd)
-
-
 def dense_teacher(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, T, Vd) log-probs -> the compact teacher `TTTModel` takes, computed at every position:
     p (B T, Vd), negent (B T,), row (B, T)."""
     B, T = logp.shape[:2]
     p = logp.exp().flatten(0, 1)  # (B T, Vd)
     return p, (p * logp.flatten(0, 1)).sum(-1), torch.arange(B * T).view(B, T)
-
-
-def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False, live=None):
-    """`ttt_unroll` for the stub drafts: step i's hidden state is the fused input + shift * (i + 1)."""
-    h = draft.fuse(aux)  # (B, T, 1)
-    for _ in range(ttt_steps):
-        h = h + draft.shift
-        yield h
 
 
 def test_loss_is_zero_for_a_draft_that_copies_the_teacher(monkeypatch):
@@ -145,12 +114,12 @@ def test_loss_is_zero_for_a_draft_that_copies_the_teacher(monkeypatch):
     counts = step_token_counts(mask, K)
     ids, aux = torch.zeros(B, n, dtype=torch.long), torch.zeros(B, n, 3)
     for ck in (False, True):
-        m = TTTModel(CopyDraft(logits), K, 0.8, checkpoint_head=ck)
+        m = TTTModel(StubDraft(logits), K, 0.8, checkpoint_head=ck)
         p, negent, row = dense_teacher(logp)
         loss, kl, agree = m(ids, aux, p, negent, top, row, mask, mask, counts)
         assert float(loss) < 1e-5 and torch.all(kl.abs() < 1e-4)
         torch.testing.assert_close(agree, counts)  # top-1 agrees on every masked token of every step
-    wrong = TTTModel(CopyDraft(logits, shift=2), K, 0.8)  # off by one position: clearly not zero
+    wrong = TTTModel(StubDraft(logits, shift=2), K, 0.8)  # off by one position: clearly not zero
     loss, _, agree = wrong(
         ids, aux, *dense_teacher(logp)[:2], top, dense_teacher(logp)[2], mask, mask, counts
     )

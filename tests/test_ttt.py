@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import StubDraft, stub_unroll
 from torch import nn
 
 import specdraft.train.loop as loop
@@ -196,31 +197,6 @@ def oov_teacher() -> tuple[TeacherHead, torch.Tensor]:
     return TeacherHead(target, KEEP, chunk_elems=2 * V), final  # 2 tokens a chunk
 
 
-class IndexDraft(nn.Module):
-    """A stub draft: its hidden state at TTT step i, slot t is the teacher position t + 1 + i (`stub_unroll`),
-    its logits there are `logits[:, t + 1 + i]` (B, T, Vd)."""
-
-    def __init__(self, logits: torch.Tensor):
-        super().__init__()
-        self.logits = logits
-        self.w = nn.Parameter(torch.zeros(()))
-
-    def fuse(self, aux):
-        B, n = aux.shape[:2]
-        return torch.arange(n, dtype=torch.float)[None, :, None].expand(B, n, 1) + self.w  # (B, T, 1)
-
-    def compute_logits(self, h):
-        flat = self.logits.flatten(0, 1)  # (B T, Vd); B = 1 here, so h's slot index is its row
-        return flat[h[..., 0].long().clamp(max=len(flat) - 1)] + 0 * h  # (..., Vd)
-
-
-def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_layer=False, live=None):
-    h = draft.fuse(aux)  # (B, T, 1): the slot index
-    for _ in range(ttt_steps):
-        h = h + 1  # step i: t + 1 + i
-        yield h
-
-
 def test_teacher_marks_out_of_vocabulary_argmax():
     teacher, final = oov_teacher()
     logits, top = teacher(final)  # (1, 6, 4), (1, 6)
@@ -247,7 +223,7 @@ def test_out_of_vocabulary_positions_are_dropped_and_scored_against_full_argmax(
     assert t.counts.tolist() == [[4, 3], [2, 2] if oov_mask else [4, 3], [2, 1]]
 
     def run(logits, hard=0.0):
-        m = TTTModel(IndexDraft(logits), K, 0.8, checkpoint_head=False, hard_weight=hard)
+        m = TTTModel(StubDraft(logits), K, 0.8, checkpoint_head=False, hard_weight=hard)
         ids, aux = torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, 3)
         return m(
             ids, aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask, t.counts[1]

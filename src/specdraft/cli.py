@@ -27,7 +27,7 @@ COMMANDS = {
     "train": "specdraft.train.loop:train",
     "eval": "specdraft.eval.command:evaluate",
     "export": "specdraft.export:export",
-    "doctor": "specdraft.engine.doctor:doctor",
+    "doctor": "specdraft.doctor.command:doctor",
     "quickstart": "specdraft.quickstart:quickstart",
 }
 

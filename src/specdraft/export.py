@@ -305,7 +305,7 @@ def eagle3_support_warnings(target_dir: str) -> list[str]:
 
     if importlib.util.find_spec("vllm") is None:
         return []
-    from specdraft.engine.doctor import eagle3_support
+    from specdraft.doctor.command import eagle3_support
 
     ok, msg = eagle3_support(target_dir)
     return [msg] if ok is False else []

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -127,3 +129,17 @@ def weights_fingerprint(directory: str | Path, samples: int = 16, block: int = 1
                 f.seek(0 if i == 0 else (size - block) * i // samples if size > block else 0)
                 h.update(f.read(block))
     return h.hexdigest()[:16]
+
+
+def changed_settings(
+    recorded: Mapping[str, Any],
+    now: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+    skip: Collection[str] = (),
+) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded value, value now)`` for each key of ``now`` (but ``skip``) whose recorded value
+    differs: the one check behind every "rerun with other settings" refusal. A key missing from
+    ``recorded`` (a setting newer than the record) reads as its value in ``defaults``, else None."""
+    defaults = defaults or {}
+    return [(k, recorded.get(k, defaults.get(k)), v) for k, v in now.items()
+            if k not in skip and recorded.get(k, defaults.get(k)) != v]  # fmt: skip

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdraft.fileio import DirLock, atomic_write_text
+from specdraft.fileio import DirLock, atomic_write_text, changed_settings
 from specdraft.targets import EMBEDDED_DEFAULT
 
 SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
@@ -92,9 +92,9 @@ def _check_settings(root: Path, settings: dict) -> None:
     f = root / SETTINGS_FILE
     if f.exists():
         before = json.loads(f.read_text())
-        diff = [k for k in settings if before.get(k) != settings[k]]
+        diff = changed_settings(before, settings)
         if diff:
-            shown = ", ".join(f"{k} {before.get(k)!r} -> {settings[k]!r}" for k in diff)
+            shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diff)
             raise ValueError(f"{root} holds a quickstart run with other settings ({shown}): rerun with "
                              f"--budget {before.get('budget')} to resume it, add --fresh to start over, or "
                              "choose another --out")  # fmt: skip

@@ -36,7 +36,7 @@ from specdraft.data.store import (
     write_manifest,
     write_shard,
 )
-from specdraft.fileio import DTYPES, DirLock, file_hash, weights_fingerprint
+from specdraft.fileio import DTYPES, DirLock, changed_settings, file_hash, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
 
 #: identity field -> what the user changed to get another value (the resume refusal names it)
@@ -200,9 +200,8 @@ def _check_resume(man_path: Path, old: dict, identity: dict) -> None:
             f"without a recorded identity, so resuming it could mix two runs: {fix}"
         )
     diff = [
-        f"{k} {old['identity'].get(k)} there, {v} now ({_IDENTITY_SOURCES[k]})"
-        for k, v in identity.items()
-        if old["identity"].get(k) != v
+        f"{k} {was} there, {v} now ({_IDENTITY_SOURCES[k]})"
+        for k, was, v in changed_settings(old["identity"], identity)
     ]
     if diff:
         raise ValueError(f"extract: {man_path.parent} holds another extraction: {'; '.join(diff)}: {fix}")
@@ -363,8 +362,8 @@ def _capture_shards(cap, ds, job: _Job, max_tokens_per_batch: int, out_dir: Path
 
 def _preflight(backend: str, model_dir: str, layer_ids: list[int], planned_bytes: int, out_dir: Path) -> None:
     """Run doctor's checks for this backend before any weight is loaded; refuse when something would break."""
+    from specdraft.doctor.command import run_doctor
     from specdraft.engine import contract as engines
-    from specdraft.engine.doctor import run_doctor
 
     contracts = [c for name, c in engines.CONTRACTS.items() if backend == "vllm" or name != "vllm"]
     report = run_doctor(target=model_dir, aux_layer_ids=layer_ids[:-1], planned_bytes=planned_bytes,

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from specdraft.data.prepare import ReadReport, _describe_drops, normalize, read_conversations
-from specdraft.fileio import DirLock, atomic_write_text, file_hash
+from specdraft.fileio import DirLock, atomic_write_text, changed_settings, file_hash
 from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
 SETTINGS_FILE = "regenerate.json"
@@ -173,9 +173,9 @@ def _check_resume(out: Path, settings: dict) -> None:
     if not f.exists():
         return
     before = json.loads(f.read_text())["settings"]
-    diff = [k for k in settings if before.get(k) != settings[k]]
+    diff = changed_settings(before, settings)
     if diff:
-        shown = ", ".join(f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in diff)
+        shown = ", ".join(f"{k}: {was!r} -> {now!r}" for k, was, now in diff)
         raise ValueError(f"{out} holds a regeneration with other settings ({shown}); rerun with the earlier "
                          "settings to resume, or choose another output directory")  # fmt: skip
 

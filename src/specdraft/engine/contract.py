@@ -453,7 +453,7 @@ TRANSFORMERS_CONTRACT = Contract(
             "transformers:AutoConfig.from_pretrained",
             positional=1,
             keywords=("trust_remote_code",),
-            used_by="specdraft.engine.doctor",
+            used_by="specdraft.doctor.command",
         ),
     ),
 )

@@ -20,7 +20,7 @@ version by version. Each :class:`ExportFormat` declares
 * ``layer_ids``: the engine function that turns our aux layer ids into capture points (its offset must
   be our convention's: id k is the hidden state entering decoder layer k).
 
-:mod:`specdraft.engine.format_check` reads each reader with :mod:`specdraft.engine.config_reads` from
+:mod:`specdraft.doctor.formats.check` reads each reader with :mod:`specdraft.doctor.formats.reads` from
 the installed or ``--against`` source and reports every key the version requires and the export lacks,
 every value it refuses, and every relied-on field it ignores or defaults differently.
 :data:`SGLANG_FORMATS` declares SGLang's readers of the ``eagle3`` export (``--speculative-algorithm

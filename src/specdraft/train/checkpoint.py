@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.fileio import atomic_write_text
+from specdraft.fileio import atomic_write_text, changed_settings
 from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, load_draft_state, save_draft
 from specdraft.model.draft import Eagle3Draft
 from specdraft.train.config import _RESUME_FREE, TrainConfig
@@ -97,7 +97,7 @@ def _load_train_state(ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str) 
     state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
     old = state["config"]
     defaults = asdict(TrainConfig())  # a setting newer than the checkpoint: its default is what it ran with
-    changed = [k for k, v in asdict(cfg).items() if k not in _RESUME_FREE and old.get(k, defaults[k]) != v]
+    changed = [k for k, _, _ in changed_settings(old, asdict(cfg), defaults, skip=_RESUME_FREE)]
     if state["world"] != world:
         changed.append(f"{state['world']} ranks instead of {world}")
     if changed or state["plan_hash"] != plan_hash:

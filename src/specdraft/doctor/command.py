@@ -29,13 +29,13 @@ What is checked:
 ``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that
 version's signatures statically with :mod:`ast` -- no import, no install, no GPU -- and reports which
 contract entries would break. ``--against sglang==X`` checks what that SGLang reads of our eagle3
-export (:mod:`specdraft.engine.format_against`).
+export (:mod:`specdraft.doctor.formats.against`).
 
 Binding against the installed engine means importing it (10-15 s for vLLM on 2 cores, nearly all
 in ``vllm/__init__`` and ``vllm.config``, which every declared symbol needs); the result is kept
 under ``~/.cache/specdraft/doctor`` and reused while a fingerprint of everything it depends on is
-unchanged (``cache=False`` / ``--no-cache`` binds again). The code: :mod:`specdraft.engine.static_sig` (the
-``ast`` reader), :mod:`specdraft.engine.check` (binding and the implicit contracts), this module
+unchanged (``cache=False`` / ``--no-cache`` binds again). The code: :mod:`specdraft.doctor.source.reader` (the
+``ast`` reader), :mod:`specdraft.doctor.check` (binding and the implicit contracts), this module
 (report, ``--against``, environment, target, cache, entry points).
 
 Out of static reach: a changed RETURN SHAPE (e.g. ``collective_rpc(unique_reply_rank=...)`` returning
@@ -58,14 +58,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdraft.doctor.check import Problem, check_contract, installed_root, shorten
+from specdraft.doctor.formats.against import check_format_engine, format_engine_for
+from specdraft.doctor.formats.check import check_export_dir, check_formats
+from specdraft.doctor.release.wheel import cache_dir, locate, requirement_problems
+from specdraft.doctor.source.reader import SourceTree, unguarded_cuda_calls
+from specdraft.doctor.usage_check import check_usage, convention_lines
 from specdraft.engine import contract as engines
-from specdraft.engine.check import Problem, check_contract, installed_root, shorten
 from specdraft.engine.contract import Contract
-from specdraft.engine.format_against import check_format_engine, format_engine_for
-from specdraft.engine.format_check import check_export_dir, check_formats
-from specdraft.engine.release import cache_dir, locate, requirement_problems
-from specdraft.engine.static_sig import SourceTree, unguarded_cuda_calls
-from specdraft.engine.usage_check import check_usage, convention_lines
 from specdraft.fileio import atomic_write_text
 
 __all__ = [
@@ -144,7 +144,7 @@ class Report:
 
 
 # ---------------------------------------------------------------------------------------------
-# --against: another version's source (engine/release.py), export formats (engine/format_check.py)
+# --against: another version's source (doctor/release/wheel.py), export formats (doctor/formats/check.py)
 # ---------------------------------------------------------------------------------------------
 def _cache_dir() -> Path:
     return cache_dir()
@@ -396,14 +396,14 @@ def _tree_stat(d: Path) -> str:
 #: specdraft's files the import-mode results depend on (the checker, the contract, the extension)
 _CHECKER_FILES = (
     "engine/contract.py",
-    "engine/check.py",
-    "engine/static_sig.py",
+    "doctor/check.py",
+    "doctor/source/reader.py",
     "engine/formats.py",
-    "engine/config_reads.py",
-    "engine/format_check.py",
-    "engine/format_model.py",
+    "doctor/formats/reads.py",
+    "doctor/formats/check.py",
+    "doctor/formats/model.py",
     "engine/usage.py",
-    "engine/usage_check.py",
+    "doctor/usage_check.py",
     "engine/vllm_rpc.py",
     "capture/vllm.py",
     "eval/vllm_worker.py",
@@ -616,7 +616,7 @@ def doctor(
         0 when nothing breaks, 1 otherwise.
     """
     if scan:
-        from specdraft.engine.scan import run_scan
+        from specdraft.doctor.scan.report import run_scan
 
         return run_scan(scan, against=against, json=json).exit_code
     report = run_doctor(

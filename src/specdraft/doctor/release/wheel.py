@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdraft.engine.check import Problem
+from specdraft.doctor.check import Problem
 
 __all__ = [
     "CHECKED_REQUIREMENTS",

@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from specdraft.engine.static_sig import dotted_name
+from specdraft.doctor.source.reader import dotted_name
 
 __all__ = ["KeyRead", "config_reads", "config_writes", "registered_keys", "registered_function"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 
-from specdraft.engine.check import Problem
-from specdraft.engine.static_sig import SourceTree, signature
+from specdraft.doctor.check import Problem
+from specdraft.doctor.source.reader import SourceTree, signature
 
 __all__ = ["check_usage", "convention_lines"]
 

@@ -15,7 +15,7 @@ import ast
 import re
 from collections.abc import Iterable, Iterator
 
-from specdraft.engine.static_sig import Found, SourceTree, instance_attributes
+from specdraft.doctor.source.reader import Found, SourceTree, instance_attributes
 
 __all__ = ["ClassIndex"]
 

@@ -1,7 +1,7 @@
 """``doctor --scan``: the values the scanner tracks, and what engine objects they stand for.
 
 A :class:`Val` is what the scanner knows about an expression of the scanned package: an engine module,
-class, function or method (found in the engine source by :class:`~specdraft.engine.static_sig.SourceTree`),
+class, function or method (found in the engine source by :class:`~specdraft.doctor.source.reader.SourceTree`),
 an instance of engine classes, an engine object of unknown type (``opaque``: identified by the access
 path that produced it, e.g. ``vllm.v1.worker.gpu_model_runner:GPUModelRunner.model.model``), a class,
 instance, function or module of the scanned package, something outside both (``ext``: torch, stdlib),
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.static_sig import (
+from specdraft.doctor.source.reader import (
     Found,
     SourceTree,
     dotted_name,

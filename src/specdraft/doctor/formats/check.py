@@ -2,7 +2,7 @@
 
 For each :class:`~specdraft.engine.formats.ExportFormat` and a config (the format's declared sample, i.e.
 what ``specdraft export`` writes, or an export directory's ``config.json``), every declared reader is
-found in the installed or ``--against`` source and read with :func:`~specdraft.engine.config_reads.config_reads`.
+found in the installed or ``--against`` source and read with :func:`~specdraft.doctor.formats.reads.config_reads`.
 Findings:
 
 * a key the version requires (``d["k"]``) that the config lacks: vLLM refuses the export (break);
@@ -12,7 +12,7 @@ Findings:
   vLLM silently builds another draft than the one trained (break) -- unless the format declares the
   values the draft is then built with (``unread_ok``) and the config has them (info);
 * a weight name the model class drops, aux layer ids it shifts, an architecture its registry (or the
-  ``EntryClass`` lists of SGLang's model modules) lacks (:mod:`specdraft.engine.format_model`);
+  ``EntryClass`` lists of SGLang's model modules) lacks (:mod:`specdraft.doctor.formats.model`);
 * fields the version reads with a default and the export does not write: listed (info).
 
 Model readers (the drafter's class, reading a config object) count plain attribute reads too, and
@@ -28,8 +28,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specdraft.engine.check import Problem, model_registry
-from specdraft.engine.config_reads import (
+from specdraft.doctor.check import Problem, model_registry
+from specdraft.doctor.formats.model import (
+    entry_classes,
+    layer_id_problems,
+    safetensors_names,
+    weight_problems,
+)
+from specdraft.doctor.formats.reads import (
     ITEM,
     KeyRead,
     config_reads,
@@ -37,9 +43,8 @@ from specdraft.engine.config_reads import (
     registered_function,
     registered_keys,
 )
-from specdraft.engine.format_model import entry_classes, layer_id_problems, safetensors_names, weight_problems
+from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import ConfigReader, ExportFormat
-from specdraft.engine.static_sig import SourceTree
 
 __all__ = ["check_export_dir", "check_formats", "detect_format"]
 

@@ -2,10 +2,10 @@
 
 The installed engine is imported and each declared call is bound with
 ``inspect.signature(...).bind``; another version (``--against``) is read from its source by
-:mod:`specdraft.engine.static_sig`. Besides plain calls it checks the implicit contracts no
+:mod:`specdraft.doctor.source.reader`. Besides plain calls it checks the implicit contracts no
 type checker sees: the ``worker_extension_cls`` path and its ``collective_rpc`` methods, the worker
 methods and attributes the extension uses, the attributes the hooks need on vLLM's model class for
-the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.engine.doctor`
+the target's architecture, and unguarded CUDA-only calls on CPU machines. See :mod:`specdraft.doctor.command`
 for the report around it.
 """
 
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.engine.contract import Contract, Entry, ModelContract, WorkerExtension
-from specdraft.engine.static_sig import (
+from specdraft.doctor.source.reader import (
     KW_ONLY,
     POS_KW,
     POS_ONLY,
@@ -37,6 +36,7 @@ from specdraft.engine.static_sig import (
     top_statements,
     unguarded_cuda_calls,
 )
+from specdraft.engine.contract import Contract, Entry, ModelContract, WorkerExtension
 
 __all__ = ["Problem", "check_contract", "installed_root", "model_module", "model_registry", "shorten"]
 

@@ -1,6 +1,6 @@
 """``doctor --scan``: bind every recorded reference against the engine source and judge it.
 
-Each :class:`~specdraft.engine.scan_values.Site` becomes a :class:`Finding`: ``ok``, ``break`` (a missing
+Each :class:`~specdraft.doctor.scan.values.Site` becomes a :class:`Finding`: ``ok``, ``break`` (a missing
 module, name, method or attribute; a call the engine's signature refuses: too many positional
 arguments, a keyword it does not accept, a required parameter or field not passed), ``warning`` (a
 guarded import, a name missing on some of the classes a value can be, an attribute assigned that the
@@ -8,7 +8,7 @@ engine no longer has) or ``unchecked`` (the receiver's type is unknown and its u
 engine classes, a signature built outside the engine source, a name that may come from a base class
 outside it). Nothing is passed silently: every site is counted in one of these.
 
-Receivers of unknown type are judged by :class:`~specdraft.engine.scan_struct.ClassIndex`: with at least
+Receivers of unknown type are judged by :class:`~specdraft.doctor.scan.struct.ClassIndex`: with at least
 :data:`MIN_EVIDENCE` other names read on the same object, the engine classes having them all are its
 candidates; a name most candidates lack (all, or more than half) is a break, one some lack a warning.
 """
@@ -20,10 +20,10 @@ import difflib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from specdraft.engine.scan_source import tilde
-from specdraft.engine.scan_struct import ClassIndex
-from specdraft.engine.scan_values import Site, engine_lookup, symbol_of
-from specdraft.engine.static_sig import (
+from specdraft.doctor.scan.source import tilde
+from specdraft.doctor.scan.struct import ClassIndex
+from specdraft.doctor.scan.values import Site, engine_lookup, symbol_of
+from specdraft.doctor.source.reader import (
     KW_ONLY,
     POS_KW,
     POS_ONLY,

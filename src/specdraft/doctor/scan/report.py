@@ -1,15 +1,15 @@
 """``specdraft doctor --scan PKG [--against ENGINE==X]``: another package's calls into the engine, checked.
 
 ``PKG`` is an installed package, a directory, a ``.whl`` or ``name==version`` (downloaded with
-``pip download --no-deps``, cached: :mod:`specdraft.engine.scan_source`). Its source is read with
+``pip download --no-deps``, cached: :mod:`specdraft.doctor.scan.source`). Its source is read with
 :mod:`ast` -- nothing is imported -- and every reference into the engine is found
-(:mod:`specdraft.engine.scan_walk`): imports (star imports followed), attribute chains, constructor and
+(:mod:`specdraft.doctor.scan.walk`): imports (star imports followed), attribute chains, constructor and
 function calls with their positional count and keyword names, on values whose engine type is inferred
 from imports, annotations, constructors, return annotations, ``self`` attributes, arguments passed
 between the package's functions, ``types.MethodType`` and classes handed to the engine
 (``worker_extension_cls``). Each reference is bound against the installed engine's source, or the
-version ``--against`` names (:mod:`specdraft.engine.release`), by the static signature reader
-(:mod:`specdraft.engine.static_sig`, :mod:`specdraft.engine.scan_check`). The report gives, per call
+version ``--against`` names (:mod:`specdraft.doctor.release.wheel`), by the static signature reader
+(:mod:`specdraft.doctor.source.reader`, :mod:`specdraft.doctor.scan.check`). The report gives, per call
 site, ``file:line``, what breaks, the engine's current signature and where it is defined; references
 whose receiver type cannot be inferred are listed as unchecked, never passed silently.
 """
@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft.engine.check import Problem, installed_root, shorten
-from specdraft.engine.release import Downloader, locate
-from specdraft.engine.scan_check import Finding, check_sites
-from specdraft.engine.scan_source import locate_package, tilde
-from specdraft.engine.scan_struct import ClassIndex
-from specdraft.engine.scan_walk import Walker
-from specdraft.engine.static_sig import SourceTree
+from specdraft.doctor.check import Problem, installed_root, shorten
+from specdraft.doctor.release.wheel import Downloader, locate
+from specdraft.doctor.scan.check import Finding, check_sites
+from specdraft.doctor.scan.source import locate_package, tilde
+from specdraft.doctor.scan.struct import ClassIndex
+from specdraft.doctor.scan.walk import Walker
+from specdraft.doctor.source.reader import SourceTree
 
 __all__ = ["ScanReport", "engine_name", "run_scan", "scan_package"]
 
@@ -124,12 +124,12 @@ def scan_package(
     """Every reference of ``pkg`` into the engine package under ``engine_root``, judged.
 
     Args:
-        pkg: what ``--scan`` names (see :func:`specdraft.engine.scan_source.locate_package`).
+        pkg: what ``--scan`` names (see :func:`specdraft.doctor.scan.source.locate_package`).
         engine_root: the directory holding the engine package (installed, or unpacked by ``--against``).
         engine: the engine's import name.
         download: fetches a wheel for ``name==version`` (tests pass one that never touches the network).
         plugs: keyword -> engine classes a class named through it is mixed into (default: the engine's,
-            :data:`specdraft.engine.scan_walk.PLUGS`).
+            :data:`specdraft.doctor.scan.walk.PLUGS`).
 
     Returns:
         (findings, info): one finding per site, and what was read.

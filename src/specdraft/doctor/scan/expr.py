@@ -1,6 +1,6 @@
-"""``doctor --scan``: the expression half of the package walker (``Walker`` in scan_walk.py).
+"""``doctor --scan``: the expression half of the package walker (``Walker`` in scan/walk.py).
 
-Evaluates an expression of the scanned package to a :class:`~specdraft.engine.scan_values.Val`, recording
+Evaluates an expression of the scanned package to a :class:`~specdraft.doctor.scan.values.Val`, recording
 an ``attr`` site for each attribute read on an engine value, a ``call`` site for each call of one (with
 its positional count and keyword names) and a ``store`` site for each attribute assigned on one.
 """
@@ -11,7 +11,7 @@ import ast
 from collections import Counter
 from typing import Any
 
-from specdraft.engine.scan_values import (
+from specdraft.doctor.scan.values import (
     CONTAINERS,
     UNKNOWN,
     LocalClass,

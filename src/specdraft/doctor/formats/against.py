@@ -1,9 +1,9 @@
 """``doctor --against sglang==X``: an engine that loads our exports but that specdraft never calls.
 
 Such an engine (:data:`~specdraft.engine.formats.FORMAT_ENGINES`) has no contract: ``--against`` reads
-the release as for vLLM (:func:`~specdraft.engine.release.locate`: download, unpack keyed by package,
+the release as for vLLM (:func:`~specdraft.doctor.release.wheel.locate`: download, unpack keyed by package,
 pins) and checks only the export formats it reads -- what ``specdraft export`` writes, or the export
-in ``--export DIR`` -- with :mod:`specdraft.engine.format_check`.
+in ``--export DIR`` -- with :mod:`specdraft.doctor.formats.check`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from specdraft.engine.check import Problem
-from specdraft.engine.format_check import check_export_dir, check_formats, detect_format
+from specdraft.doctor.check import Problem
+from specdraft.doctor.formats.check import check_export_dir, check_formats, detect_format
+from specdraft.doctor.release.wheel import Downloader, canon, locate, requirement_problems
+from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import FORMAT_ENGINES, FormatEngine
-from specdraft.engine.release import Downloader, canon, locate, requirement_problems
-from specdraft.engine.static_sig import SourceTree
 
 __all__ = ["check_format_engine", "format_engine_for"]
 

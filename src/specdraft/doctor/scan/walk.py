@@ -7,7 +7,7 @@ attributes of the package's classes, return values (annotated, or inferred from 
 passed to the package's own functions, ``types.MethodType(f, obj)`` (``f``'s ``self`` is ``obj``),
 ``super()`` of classes extending engine classes, and classes handed to the engine by name to be mixed
 into its own (``worker_extension_cls``). The walk repeats until what it learned stops changing; the last
-pass records :class:`~specdraft.engine.scan_values.Site` objects for :mod:`specdraft.engine.scan_check`.
+pass records :class:`~specdraft.doctor.scan.values.Site` objects for :mod:`specdraft.doctor.scan.check`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import ast
 from collections import Counter
 from collections.abc import Iterable
 
-from specdraft.engine.scan_source import ScanTarget
-from specdraft.engine.scan_values import (
+from specdraft.doctor.scan.expr import ExprMixin
+from specdraft.doctor.scan.source import ScanTarget
+from specdraft.doctor.scan.values import (
     UNKNOWN,
     LocalClass,
     LocalFunc,
@@ -28,8 +29,7 @@ from specdraft.engine.scan_values import (
     engine_lookup,
     val_of,
 )
-from specdraft.engine.scan_walk_expr import ExprMixin
-from specdraft.engine.static_sig import SourceTree
+from specdraft.doctor.source.reader import SourceTree
 
 __all__ = ["PLUGS", "Walker"]
 

@@ -2,7 +2,7 @@
 
 A wheel (given, or fetched with ``pip download --no-deps`` for ``name==version``) is unpacked once,
 ``.py`` files and ``METADATA`` only, under ``$SPECDRAFT_CACHE/engines/<package>==<version>`` by the
-same cache logic as ``--against`` (:mod:`specdraft.engine.release`). Nothing is imported.
+same cache logic as ``--against`` (:mod:`specdraft.doctor.release.wheel`). Nothing is imported.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdraft.engine.release import (
+from specdraft.doctor.release.wheel import (
     Downloader,
     cache_dir,
     cached,

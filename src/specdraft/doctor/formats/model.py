@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdraft.engine.check import Problem
+from specdraft.doctor.check import Problem
+from specdraft.doctor.source.reader import Found, SourceTree, attribute_class
 from specdraft.engine.formats import ExportFormat, LayerIds
-from specdraft.engine.static_sig import Found, SourceTree, attribute_class
 
 __all__ = ["entry_classes", "layer_id_problems", "safetensors_names", "weight_problems"]
 
