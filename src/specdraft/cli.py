@@ -8,12 +8,15 @@ comment. Help texts come from the function's docstring `Args:` section.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import inspect
 import os
 import re
+import signal
 import sys
+import threading
 import types
 import typing
 from importlib import import_module
@@ -29,6 +32,19 @@ COMMANDS = {
     "export": "specdraft.export:export",
     "doctor": "specdraft.doctor.command:doctor",
     "quickstart": "specdraft.quickstart:quickstart",
+}
+
+# name -> what to do after the command was stopped (Ctrl-C, SIGTERM, a full disk): each resumes its own way
+RESUME_HINTS = {
+    "regenerate": "rerun the same command to resume",
+    "prepare": "rerun the same command (prepare starts over)",
+    "extract": "rerun the same command to resume",
+    "verify": "rerun the same command (verify only reads: nothing to resume)",
+    "train": "rerun with --resume to continue from the newest checkpoint (without it if none was written yet)",
+    "eval": "rerun the same command (eval starts over)",
+    "export": "rerun the same command (export starts over; it leaves no partial directory)",
+    "doctor": "rerun the same command (doctor only reads)",
+    "quickstart": "rerun the same command without --fresh to resume where it stopped",
 }
 
 
@@ -142,18 +158,50 @@ def main(argv: list[str] | None = None) -> int:
         names = [f.name for f in dataclasses.fields(cls) if f.init]
         kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
     kwargs.update(ns)
+    hint = RESUME_HINTS.get(cmd, "rerun the same command")
     try:
-        result = fn(**kwargs)
+        with _sigterm_as_interrupt():
+            result = fn(**kwargs)
+    except Terminated:
+        print(f"specdraft {cmd}: terminated (SIGTERM); {hint}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print(f"specdraft {cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
+        print(f"specdraft {cmd}: interrupted; {hint}", file=sys.stderr)
         return 130
     except Exception as e:
         # user errors (bad input, paths, a full disk, engine refusals) in one line; anything else is a bug
         if os.environ.get("SPECDRAFT_DEBUG") or not (isinstance(e, _USER_ERRORS) or _disk_full(e)):
             raise
-        print(f"specdraft {cmd}: error: {_user_message(e)}", file=sys.stderr)
+        print(f"specdraft {cmd}: error: {_user_message(e, hint)}", file=sys.stderr)
         return 2
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: the command stops the same clean way."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a command runs, SIGTERM raises `Terminated` in this process (a second SIGTERM, or one that a
+    forked child receives, does what it does by default: end the process). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != pid:  # a forked child inherited this handler: die as it would have
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 _USER_ERRORS = (ValueError, FileNotFoundError, OSError, RuntimeError)
@@ -164,13 +212,13 @@ def _disk_full(e: BaseException) -> bool:
     return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
 
 
-def _user_message(e: BaseException) -> str:
-    """One line for an error the user can act on (set SPECDRAFT_DEBUG=1 for the traceback)."""
+def _user_message(e: BaseException, hint: str) -> str:
+    """One line for an error the user can act on (set SPECDRAFT_DEBUG=1 for the traceback); `hint` says how
+    the command resumes after a full disk."""
     if _disk_full(e):
         name = getattr(e, "filename", None)
         where = f" writing {name}" if name else ""
-        return (f"no space left on the device{where}: free space or point the output at a larger disk, "
-                "then rerun the same command to resume")  # fmt: skip
+        return f"no space left on the device{where}: free space or point the output at a larger disk, then {hint}"
     return str(e) or type(e).__name__
 
 

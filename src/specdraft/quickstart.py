@@ -16,10 +16,12 @@ EAGLE-3's (32000, 7, lr 1e-4, 4096 tokens, cosine), which are for large data.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from specdraft.fileio import DirLock, atomic_write_text, changed_settings
 from specdraft.targets import EMBEDDED_DEFAULT
 
 SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
+TIMES_FILE = "timings.json"  # seconds each stage worked, summed over the runs that did its work
 
 
 @dataclass
@@ -60,9 +63,38 @@ BUDGETS = {
 }
 
 
-def _stage(name: str) -> float:
-    print(f"\n=== quickstart: {name} ===", flush=True)
-    return time.time()
+class _Timings:
+    """Seconds per stage, kept in TIMES_FILE across runs. A stage's time is the sum over the runs that worked
+    on it (an interrupted run's share included); a run that finds a stage complete leaves its time alone, so
+    rerunning a finished quickstart reports the run that did the work, not the rerun's skipping."""
+
+    def __init__(self, root: Path):
+        self.file = root / TIMES_FILE
+        self.recorded: dict[str, float] = _read_json(self.file)
+        self.stages: list[str] = []  # the stages of this run, in order
+
+    @contextlib.contextmanager
+    def stage(self, name: str, title: str, done: bool) -> Iterator[None]:
+        """Print `title` and time stage `name`, unless it was `done` (complete before this run)."""
+        print(f"\n=== quickstart: {title} ===", flush=True)
+        self.stages.append(name)
+        t = time.time()
+        try:
+            yield
+        finally:
+            if not done:
+                self.recorded[name] = round(self.recorded.get(name, 0.0) + time.time() - t, 1)
+                atomic_write_text(self.file, json.dumps(self.recorded, indent=1))
+
+    def seconds(self) -> dict[str, float]:
+        """The recorded seconds of this run's stages, and their total."""
+        by_stage = {k: self.recorded.get(k, 0.0) for k in self.stages}
+        return by_stage | {"total": round(sum(by_stage.values()), 1)}
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object file's content; {} when the file is not there."""
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def quickstart(
@@ -102,94 +134,115 @@ def _check_settings(root: Path, settings: dict) -> None:
 
 
 def _run(root: Path, budget: str, b: Budget, device: str) -> int:
-    """The stages, each skipping the work already complete."""
-    from specdraft.capture.extract import extract
-    from specdraft.data.prepare import MANIFEST_FILE, prepare
-    from specdraft.eval.reference import UNTRAINED, evaluate_report
-    from specdraft.eval.report import summary_lines
-    from specdraft.export import export, serve_commands
+    """The stages, each skipping the work already complete, then the summary."""
+    from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
+    from specdraft.export import export
     from specdraft.model.checkpoint import latest_checkpoint
-    from specdraft.targets import resolve_target_dir
     from specdraft.train.config import TrainConfig
     from specdraft.train.loop import train
 
-    times: dict[str, float] = {}
-    t_all = time.time()
-    dtype = "bfloat16" if device.startswith("cuda") else "float32"
-
-    # 0. regenerate: ShareGPT's user turns, the target's own replies (vLLM when installed, else transformers)
-    conversations = _regenerate(root, b, device, dtype, times) if b.reply_tokens else "sharegpt"
-
-    # 1. prepare: conversations -> ids + assistant loss mask
-    t = _stage("prepare (conversations -> token ids + assistant loss mask)")
-    ds_dir = root / "dataset"
-    if not (ds_dir / MANIFEST_FILE).exists():
-        prepare(
-            conversations,
-            str(ds_dir),
-            target=EMBEDDED_DEFAULT,
-            max_length=b.max_length,
-            max_samples=b.samples,
-        )
-    dman = json.loads((ds_dir / MANIFEST_FILE).read_text())
-    times["prepare"] = time.time() - t
-
-    # 2. extract: hidden states of the EAGLE-3 layers (resumes shard by shard)
-    t = _stage("extract (target prefill, hidden states of layers 2, 15, 27 and 30)")
-    hs_dir = root / "hidden_states"
-    extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=dtype, samples_per_shard=16,
-            max_tokens_per_batch=2048)  # fmt: skip
-    xman = json.loads(next(hs_dir.glob("manifest-*.json")).read_text())
-    times["extract"] = time.time() - t
+    clock = _Timings(root)
+    ds_dir, hs_dir = _data_stages(root, b, device, clock)
 
     # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
-    t = _stage(f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)")
     train_dir = root / "train"
     final = train_dir / "final"
-    if not (final / "config.json").exists():
-        cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
-                          max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50, val_fraction=0.05,
-                          val_every=100, device=device,
-                          resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
-        train(str(hs_dir), str(train_dir), cfg)
-    tmeta = json.loads((final / "config.json").read_text()).get("train", {})
-    times["train"] = time.time() - t
+    done = (final / "config.json").exists()
+    title = f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)"
+    with clock.stage("train", title, done):
+        if not done:
+            cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
+                              max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
+                              val_fraction=0.05, val_every=100, device=device,
+                              resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
+            train(str(hs_dir), str(train_dir), cfg)
 
     # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check
-    t = _stage(
+    eval_dir = root / "eval"
+    done = (eval_dir / REPORT_FILE).exists()
+    title = (
         f"eval (MT-bench first turns: {b.eval_prompts} prompts x {b.max_new_tokens} tokens, chain k={b.k})"
     )
-    eval_dir = root / "eval"
-    report_file = eval_dir / "report.json"
-    if report_file.exists():
-        report = json.loads(report_file.read_text())
-    else:
-        report = evaluate_report([str(final), UNTRAINED], target=EMBEDDED_DEFAULT, prompts="mtbench", turns=1,
-                                 max_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens, k=b.k,
-                                 counts=str(ds_dir), draft_vocab_size=b.draft_vocab_size, device=device,
-                                 out=str(eval_dir))  # fmt: skip
-    times["eval"] = time.time() - t
+    with clock.stage("eval", title, done):
+        if not done:
+            evaluate_report([str(final), UNTRAINED], target=EMBEDDED_DEFAULT, prompts="mtbench", turns=1,
+                            max_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens, k=b.k,
+                            counts=str(ds_dir), draft_vocab_size=b.draft_vocab_size, device=device,
+                            out=str(eval_dir))  # fmt: skip
 
     # 5. export: a vLLM (speculators) and an SGLang/vLLM (eagle3) checkpoint
-    t = _stage("export (speculators for vLLM, eagle3 for SGLang)")
-    exp_spec, exp_e3 = root / "export" / "speculators", root / "export" / "eagle3"
-    for fmt, d in (("speculators", exp_spec), ("eagle3", exp_e3)):
-        if not (d / "config.json").exists():
-            export(str(final), str(d), format=fmt, k=b.k, check_vllm=False)
-    times["export"] = time.time() - t
+    exports = {"speculators": root / "export" / "speculators", "eagle3": root / "export" / "eagle3"}
+    todo = [fmt for fmt, d in exports.items() if not (d / "config.json").exists()]
+    with clock.stage("export", "export (speculators for vLLM, eagle3 for SGLang)", not todo):
+        for fmt in todo:
+            export(str(final), str(exports[fmt]), format=fmt, k=b.k, check_vllm=False)
 
     # 6. serve: the speculators export in vLLM, with and without the draft, batched and at batch 1
     served = None
     if b.serve_prompts and importlib.util.find_spec("vllm"):
-        t = _stage(
+        from specdraft.eval.serving import REPORT_FILE as SERVE_REPORT
+
+        title = (
             f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1)"
         )
-        served = _serve(root / "serve", exp_spec, b)
-        times["serve"] = time.time() - t
+        with clock.stage("serve", title, (root / "serve" / SERVE_REPORT).exists()):
+            served = _serve(root / "serve", exports["speculators"], b)
 
     # 7. summary
-    trained = report["drafts"][str(final)]
-    untrained = report["drafts"][UNTRAINED]
+    _summarize(root, budget, b, clock.seconds(), served, exports)
+    return 0
+
+
+def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[Path, Path]:
+    """regenerate (when the budget asks for it), prepare and extract; returns (dataset dir, extraction dir)."""
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import MANIFEST_FILE, prepare
+    from specdraft.data.regenerate import SETTINGS_FILE as REGEN_FILE
+    from specdraft.data.regenerate import regenerate
+
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+
+    # 0. regenerate: ShareGPT's user turns, the target's own replies (vLLM when installed, else transformers)
+    conversations = "sharegpt"
+    if b.reply_tokens:
+        regen = root / "regenerated"
+        title = (f"regenerate (the target's own replies to {b.samples} ShareGPT first turns, "
+                 f"<= {b.reply_tokens} tokens)")  # fmt: skip
+        with clock.stage("regenerate", title, _read_json(regen / REGEN_FILE).get("done", False)):
+            conversations = str(regenerate("sharegpt", str(regen), target=EMBEDDED_DEFAULT, turns="first",
+                                           max_new_tokens=b.reply_tokens, max_samples=b.samples, device=device,
+                                           dtype=dtype, max_prompt_tokens=b.max_length - 64))  # fmt: skip
+            # (max_prompt_tokens: prompts that leave no room for a reply are skipped)
+
+    # 1. prepare: conversations -> ids + assistant loss mask
+    ds_dir = root / "dataset"
+    done = (ds_dir / MANIFEST_FILE).exists()
+    with clock.stage("prepare", "prepare (conversations -> token ids + assistant loss mask)", done):
+        if not done:
+            prepare(conversations, str(ds_dir), target=EMBEDDED_DEFAULT, max_length=b.max_length,
+                    max_samples=b.samples)  # fmt: skip
+
+    # 2. extract: hidden states of the EAGLE-3 layers (resumes shard by shard)
+    hs_dir = root / "hidden_states"
+    done = any(_read_json(p).get("complete") for p in hs_dir.glob("manifest-*.json"))
+    with clock.stage("extract", "extract (target prefill, hidden states of layers 2, 15, 27 and 30)", done):
+        extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=dtype,
+                samples_per_shard=16, max_tokens_per_batch=2048)  # fmt: skip
+    return ds_dir, hs_dir
+
+
+def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict | None, exports: dict) -> dict:
+    """summary.json from the stages' outputs, printed as a table with the serve commands; returns it."""
+    from specdraft.data.prepare import MANIFEST_FILE
+    from specdraft.eval.reference import REPORT_FILE, UNTRAINED
+    from specdraft.eval.report import summary_lines
+    from specdraft.export import serve_commands
+    from specdraft.targets import resolve_target_dir
+
+    final = root / "train" / "final"
+    report = json.loads((root / "eval" / REPORT_FILE).read_text())
+    dman = json.loads((root / "dataset" / MANIFEST_FILE).read_text())
+    xman = json.loads(next((root / "hidden_states").glob("manifest-*.json")).read_text())
     summary = {
         "target": EMBEDDED_DEFAULT,
         "budget": {"name": budget, **asdict(b)},
@@ -198,42 +251,30 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
         "EAGLE-3's 32000, 7, 1e-4, 4096, cosine (for large data)",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
         "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
-        "train": tmeta,
+        "train": json.loads((final / "config.json").read_text()).get("train", {}),
         "eval": {
-            "trained": _brief(trained),
-            "untrained": _brief(untrained),
+            "trained": _brief(report["drafts"][str(final)]),
+            "untrained": _brief(report["drafts"][UNTRAINED]),
             "baseline_tokens_per_s": report["baseline"]["tokens_per_s"],
         },
         "serve": served,
-        "seconds": {k: round(v, 1) for k, v in times.items()} | {"total": round(time.time() - t_all, 1)},
-        "plots": [str(p) for p in [train_dir / "training.png", *report.get("plots", [])] if Path(p).exists()],
-        "exports": {"speculators": str(exp_spec), "eagle3": str(exp_e3)},
+        "seconds": seconds,
+        "plots": [
+            str(p) for p in [root / "train" / "training.png", *report.get("plots", [])] if Path(p).exists()
+        ],
+        "exports": {k: str(v) for k, v in exports.items()},
     }
-    (root / "summary.json").write_text(json.dumps(summary, indent=1))
-    target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
+    atomic_write_text(root / "summary.json", json.dumps(summary, indent=1))
     print(_table(summary))
     print("\n".join(summary_lines(report)))
     if served:
         print("\n".join(served["lines"]))
     print("\nserve the draft:")
-    for c in serve_commands(target_dir, str(exp_spec.resolve()), str(exp_e3.resolve()), b.k):
+    target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
+    for c in serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k):
         print(f"  {c}")
     print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
-    return 0
-
-
-def _regenerate(root: Path, b: Budget, device: str, dtype: str, times: dict[str, float]) -> str:
-    """The conversations file with the target's own replies to ShareGPT's first turns (resumes by chunk)."""
-    from specdraft.data.regenerate import regenerate
-
-    t = _stage(
-        f"regenerate (the target's own replies to {b.samples} ShareGPT first turns, <= {b.reply_tokens} tokens)"
-    )
-    out = regenerate("sharegpt", str(root / "regenerated"), target=EMBEDDED_DEFAULT, turns="first",
-                     max_new_tokens=b.reply_tokens, max_samples=b.samples, device=device, dtype=dtype,
-                     max_prompt_tokens=b.max_length - 64)  # prompts that leave no room for a reply: skipped  # fmt: skip
-    times["regenerate"] = time.time() - t
-    return str(out)
+    return summary
 
 
 def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
