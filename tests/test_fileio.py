@@ -50,6 +50,19 @@ def test_a_second_process_is_refused_at_once_and_a_killed_holder_leaves_no_stale
         pass
 
 
+def test_an_output_path_that_is_a_file_is_refused_in_one_line(tmp_path):
+    f = tmp_path / "runs.txt"
+    f.write_text("notes")
+    for out in (f, f / "hs"):
+        with pytest.raises(ValueError) as e:
+            with DirLock(out, "extraction"):
+                pass
+        assert str(e.value) == (
+            f"{f} is a file, not a directory: choose a directory path for this extraction's output"
+        )
+    assert f.read_text() == "notes"
+
+
 def test_taking_the_lock_cleans_leftovers_of_killed_writers(tmp_path):
     (tmp_path / ".shard-00000-00001.safetensors.4242.tmp").write_bytes(b"partial")
     (tmp_path / ".step_00000020.4242.tmp").mkdir()
@@ -66,7 +79,11 @@ def test_cli_reports_ctrl_c_and_a_full_disk_in_one_line(monkeypatch, capsys):
         raise OSError(28, "No space left on device", "/runs/hs/shard-00000-00003.safetensors")
 
     for fn, rc, msg in (
-        (interrupted, 130, "specdraft verify: interrupted; rerun the same command to resume"),
+        (
+            interrupted,
+            130,
+            "specdraft verify: interrupted; rerun the same command (verify only reads: nothing to resume)",
+        ),
         (full, 2, "no space left on the device writing /runs/hs/shard-00000-00003.safetensors"),
     ):
         monkeypatch.setitem(cli.COMMANDS, "verify", "tests_fake:fn")

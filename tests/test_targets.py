@@ -121,3 +121,34 @@ def test_every_config_or_tokenizer_loader_takes_trust_remote_code():
 
     for fn in (load_target, load_tokenizer, load_text_config, load_frozen, prepare, export):
         assert "trust_remote_code" in inspect.signature(fn).parameters, fn.__qualname__
+
+
+def test_extract_names_a_missing_empty_or_config_less_target_in_one_line(
+    no_network, tmp_path, tiny_llama_dir
+):
+    """extract reads the target's config before loading it: the same one-line errors as every loader."""
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
+
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(3))
+    ds = prepare(str(src), str(tmp_path / "ds"), target=str(tiny_llama_dir), max_length=128)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "weights-only").mkdir()
+    (tmp_path / "weights-only" / "model.safetensors").write_bytes(
+        (tiny_llama_dir / "model.safetensors").read_bytes()
+    )
+    cases = {
+        tmp_path / "no-such-model": (FileNotFoundError, r"^target directory .*no-such-model does not exist"),
+        tmp_path / "empty": (ValueError, r"^target directory .*empty is empty: point --target at a Hugging"),
+        tmp_path / "weights-only": (ValueError, r"^target directory .*weights-only has no config.json, so"),
+        "no-such-org/no-such-model": (FileNotFoundError, "is neither a local directory nor a model in the"),
+        tmp_path / "weights-only" / "model.safetensors": (
+            ValueError,
+            "is a file, not a model directory: pass",
+        ),
+    }
+    for target, (error, message) in cases.items():
+        with pytest.raises(error, match=message) as e:
+            extract(str(ds), str(tmp_path / "hs"), target=str(target), skip_doctor=True)
+        assert "\n" not in str(e.value)
+    assert not no_network

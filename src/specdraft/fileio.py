@@ -8,7 +8,10 @@ so a reader never sees half a file and two writers never share a temporary.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import threading
+import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,7 +83,15 @@ class DirLock:
         import shutil
         import sys
 
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            blocker = next(
+                (p for p in (self.dir, *self.dir.parents) if p.exists() and not p.is_dir()), self.dir
+            )
+            raise ValueError(
+                f"{blocker} is a file, not a directory: choose a directory path for this {self.what}'s output"
+            ) from None
         path = self.dir / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -108,20 +119,66 @@ class DirLock:
             self._fd = None
 
 
-def weights_fingerprint(directory: str | Path, samples: int = 16, block: int = 1 << 16) -> str:
-    """A cheap content fingerprint of a model directory's weight files, in milliseconds even at 1T params.
+#: weight files a fingerprint covers
+WEIGHT_EXTENSIONS = ("safetensors", "bin", "pt", "gguf")
+#: the cache of weight-file digests, under :func:`cache_root`
+FINGERPRINT_CACHE = "weight-digests.json"
+_FINGERPRINT_KIND = "sha256"
+_CACHE_LOCK = threading.Lock()
+_RECENT_NS = 2 * 10**9  # a file modified this recently may change again within one filesystem clock tick
+_LOUD_BYTES = 8 << 30  # hashing more than this says so first
 
-    Covers every ``*.safetensors``/``*.bin``/``*.pt``/``*.gguf`` file: its name, its size, its first
-    block (the safetensors header: names, dtypes, shapes, offsets) and ``samples`` blocks spread evenly
-    over it. Two checkpoints of one architecture with other trained weights differ in the sampled bytes.
-    It is not a checksum: a change confined to bytes between the samples goes unseen.
-    """
+
+def cache_root() -> Path:
+    """Root of specdraft's cache (converted targets, weight digests): $SPECDRAFT_CACHE or ~/.cache/specdraft."""
+    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The weight files of a model directory (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.gguf``), sorted;
+    a one-line FileNotFoundError when there are none."""
     d = Path(directory)
-    files = sorted(p for ext in ("safetensors", "bin", "pt", "gguf") for p in d.glob(f"*.{ext}"))
+    files = sorted(p for ext in WEIGHT_EXTENSIONS for p in d.glob(f"*.{ext}"))
     if not files:
         raise FileNotFoundError(f"{d} holds no weight files (*.safetensors, *.bin, *.pt, *.gguf)")
+    return files
+
+
+def weights_fingerprint(directory: str | Path, threads: int = 0) -> str:
+    """The content fingerprint of a model directory's weights: ``sha256:`` and 16 hex digits.
+
+    It hashes every byte of every weight file (the sha256 of each file, as ``sha256sum`` prints it, then of
+    the names, sizes and digests), so a change to any tensor is seen. Each file's digest is cached by
+    (resolved path, size, mtime, ctime, inode) in ``$SPECDRAFT_CACHE/weight-digests.json``: a file is read
+    once per version, later calls only stat it. The files still to hash are read in ``threads`` threads
+    (0: one per CPU; hashlib releases the GIL), so a sharded checkpoint hashes at the disk's speed.
+    """
+    files = weight_files(directory)
+    digests = _cached_digests(files)
+    todo = [p for p in files if p not in digests]
+    if todo:
+        digests.update(_hash_files(todo, threads))
     h = hashlib.sha256()
     for p in files:
+        h.update(f"{p.name}:{p.stat().st_size}:{digests[p]}\n".encode())
+    return f"{_FINGERPRINT_KIND}:{h.hexdigest()[:16]}"
+
+
+def fingerprint_matches(recorded: str, directory: str | Path) -> bool:
+    """Whether ``directory``'s weights are those a recorded fingerprint was taken of, comparing by the
+    recorded kind: ``sha256:...`` (:func:`weights_fingerprint`) or 16 bare hex digits (the sampled kind of
+    specdraft before the full hash, :func:`sampled_fingerprint`, so older runs and drafts still resume)."""
+    if ":" not in recorded:
+        return sampled_fingerprint(directory) == recorded
+    return weights_fingerprint(directory) == recorded
+
+
+def sampled_fingerprint(directory: str | Path, samples: int = 16, block: int = 1 << 16) -> str:
+    """The fingerprint specdraft recorded before the full hash (16 hex digits): each weight file's name,
+    size, first block and ``samples`` blocks spread over it. Not a checksum: bytes between the samples are
+    unseen; kept only to recognise what older manifests and drafts recorded (:func:`fingerprint_matches`)."""
+    h = hashlib.sha256()
+    for p in weight_files(directory):
         size = p.stat().st_size
         h.update(f"{p.name}:{size}".encode())
         with open(p, "rb") as f:
@@ -129,6 +186,80 @@ def weights_fingerprint(directory: str | Path, samples: int = 16, block: int = 1
                 f.seek(0 if i == 0 else (size - block) * i // samples if size > block else 0)
                 h.update(f.read(block))
     return h.hexdigest()[:16]
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    """What identifies one version of a file without reading it: size, mtime, ctime, inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_cache() -> dict[str, dict]:
+    """The digest cache (resolved path -> {"stat": key, "sha256": hex}); {} when missing or corrupt."""
+    try:
+        data = json.loads((cache_root() / FINGERPRINT_CACHE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached_digests(files: list[Path]) -> dict[Path, str]:
+    """The digests of ``files`` the cache holds for their current stat (a changed file is absent)."""
+    cache = _read_cache()
+    out = {}
+    for p in files:
+        entry = cache.get(str(p.resolve()))
+        if isinstance(entry, dict) and entry.get("stat") == _stat_key(p.stat()):
+            digest = entry.get("sha256")
+            if isinstance(digest, str) and len(digest) == 64:
+                out[p] = digest
+    return out
+
+
+def _hash_files(files: list[Path], threads: int) -> dict[Path, str]:
+    """sha256 of each file, ``threads`` at a time; the digests of files that stayed still while read and
+    were not modified in the last seconds are added to the cache."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    total = sum(p.stat().st_size for p in files)
+    if total > _LOUD_BYTES:
+        print(f"specdraft: hashing {len(files)} weight files ({total / 1e9:.0f} GB) once, to tell these "
+              f"weights from others; later runs read the digests from {cache_root()}", flush=True)  # fmt: skip
+    workers = max(1, min(len(files), threads or os.cpu_count() or 1))
+    start = time.time_ns()
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(_hash_file, files))
+    digests = {p: digest for p, (digest, _) in zip(files, results)}
+    keep = {str(p.resolve()): {"stat": key, "sha256": digest} for p, (digest, key) in zip(files, results)
+            if key is not None and key[1] < start - _RECENT_NS}  # fmt: skip
+    if keep:
+        _update_cache(keep)
+    return digests
+
+
+def _hash_file(path: Path) -> tuple[str, list[int] | None]:
+    """(sha256 hex digest of the file, its stat key) read in 8 MiB chunks; the key is None when the file
+    changed while it was read (then the digest is not cached)."""
+    before = _stat_key(path.stat())
+    h = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest(), before if _stat_key(path.stat()) == before else None
+
+
+def _update_cache(entries: dict[str, dict]) -> None:
+    """Merge ``entries`` into the digest cache, dropping entries of files that no longer exist; written
+    atomically, and skipped silently when the cache directory cannot be written (only speed is lost)."""
+    with _CACHE_LOCK:  # the temporary is per process: threads of one process take turns
+        cache = {k: v for k, v in _read_cache().items() if os.path.exists(k)}
+        cache.update(entries)
+        try:
+            cache_root().mkdir(parents=True, exist_ok=True)
+            atomic_write_text(cache_root() / FINGERPRINT_CACHE, json.dumps(cache, indent=0))
+        except OSError:
+            pass
 
 
 def changed_settings(

