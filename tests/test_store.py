@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdraft.data.prepare import COUNTS_FILE, DATASET_FILE, MANIFEST_FILE, dataset_hash
 from specdraft.data.store import (
     ShardError,
     ShardSet,
     bytes_per_token,
     estimate_bytes,
+    extraction_id,
     plan_shards,
     shard_stem,
     verify,
@@ -39,6 +41,26 @@ def make_samples(n: int, seed: int = 0, h: int = H) -> dict[int, dict[str, torch
     return out
 
 
+def fake_dataset(d: Path) -> Path:
+    """The files of a prepared dataset (contents arbitrary: the store only hashes them and reads counts)."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / DATASET_FILE).write_bytes(b"not really parquet")
+    (d / COUNTS_FILE).write_bytes(b"counts")
+    (d / MANIFEST_FILE).write_text("{}")
+    return d
+
+
+def bound_manifest(d: Path, n: int, dtype: str, h: int = H, **more) -> dict:
+    """A manifest as extract writes it (the fields readers use), bound to a dataset beside `d`."""
+    ds = fake_dataset(d.parent / f"{d.name}-ds")
+    man = {"shard_index": 0, "num_shards": 1, "num_samples": n, "layer_ids": [1, 2, 3, 4],
+           "target": {"hidden_size": h}, "dtype": dtype, "dataset_hash": dataset_hash(ds), "dataset": str(ds),
+           **more}  # fmt: skip
+    man["identity"] = {k: man[k] for k in ("num_samples", "dtype", "dataset_hash")}
+    man["extraction_id"] = extraction_id(man["identity"])
+    return man
+
+
 def make_store(
     d: Path, dtype: str = "bfloat16", n: int = 12, per_shard: int = 3, complete: bool = True, h: int = H
 ) -> Path:
@@ -46,11 +68,10 @@ def make_store(
     d.mkdir(parents=True, exist_ok=True)
     samples = make_samples(n, h=h)
     plan = plan_shards({s: int(v["input_ids"].shape[0]) for s, v in samples.items()}, per_shard)
+    man = bound_manifest(d, n, dtype, h, num_planned_shards=len(plan), complete=complete)
     for k, sids in enumerate(plan):
-        write_shard(d, shard_stem(0, k), {s: samples[s] for s in sids}, dtype)
-    write_manifest(d, {"shard_index": 0, "num_shards": 1, "num_samples": n, "layer_ids": [1, 2, 3, 4],
-                       "target": {"hidden_size": h}, "dtype": dtype, "dataset_hash": "x",
-                       "num_planned_shards": len(plan), "complete": complete})  # fmt: skip
+        write_shard(d, shard_stem(0, k), {s: samples[s] for s in sids}, dtype, man["extraction_id"])
+    write_manifest(d, man)
     return d
 
 
@@ -125,9 +146,8 @@ def test_non_finite_values_and_wrong_shapes_are_refused_on_load(tmp_path):
     d.mkdir()
     samples = make_samples(2)
     samples[1]["hidden"][2, 1, 3] = float("inf")
-    write_shard(d, shard_stem(0, 0), samples, "float32")
-    man = {"shard_index": 0, "num_shards": 1, "num_samples": 2, "layer_ids": [1, 2, 3, 4],
-           "target": {"hidden_size": H}, "dtype": "float32", "num_planned_shards": 1, "complete": True}  # fmt: skip
+    man = bound_manifest(d, 2, "float32", num_planned_shards=1, complete=True)
+    write_shard(d, shard_stem(0, 0), samples, "float32", man["extraction_id"])
     write_manifest(d, man)
     ss = ShardSet.open(d)
     ss.load(0)

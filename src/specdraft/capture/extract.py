@@ -5,9 +5,12 @@ the final id L (before the final norm; see `specdraft.targets` for the conventio
 default or fp8 (e4m3, a scale per token and layer). Restarting a killed run finishes exactly the shards
 not yet complete (see `specdraft.data.store`); the manifest records the run's identity (dataset, layers,
 target config and weights, store dtype, sharding) before the first shard, and a rerun with another
-identity is refused. One extract process per output directory (a `DirLock`). `--num-shards N
---shard-index i` splits one dataset over N processes or nodes, each with its own --out; `specdraft
-verify` joins their outputs.
+identity is refused. Every sidecar records the run's `extraction_id` (the identity's hash) and its own
+name: a resume, or a rerun that finds the run complete, refuses a shard copied in from another extraction
+or renamed, and a dataset changed since (its content hash is in the identity; `load_dataset` refuses
+files that no longer match their manifest). One extract process per output directory (a `DirLock`).
+`--num-shards N --shard-index i` splits one dataset over N processes or nodes, each with its own --out;
+`specdraft verify` joins their outputs.
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ from tqdm import tqdm
 
 from specdraft import __version__
 from specdraft.data.batching import token_batches
-from specdraft.data.prepare import DATASET_FILE, load_dataset
+from specdraft.data.prepare import load_dataset
 from specdraft.data.store import (
+    REEXTRACT,
     STORE_DTYPES,
+    binding_problem,
     estimate_bytes,
+    extraction_id,
+    foreign_fix,
     manifest_name,
     partition,
     plan_shards,
@@ -36,12 +43,12 @@ from specdraft.data.store import (
     write_manifest,
     write_shard,
 )
-from specdraft.fileio import DTYPES, DirLock, changed_settings, file_hash, weights_fingerprint
+from specdraft.fileio import DTYPES, DirLock, changed_settings, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
 
 #: identity field -> what the user changed to get another value (the resume refusal names it)
 _IDENTITY_SOURCES = {
-    "dataset_hash": "the prepared dataset (DATASET) was changed or another one given",
+    "dataset_hash": "the prepared dataset (DATASET) was changed (prepare rerun into it?) or another one given",
     "num_samples": "--max-samples (or the dataset's size)",
     "num_shards": "--num-shards",
     "shard_index": "--shard-index",
@@ -132,6 +139,11 @@ class _Job:
     identity: dict  # what a resume must match (see _IDENTITY_SOURCES)
     was_complete: bool  # the manifest on disk says complete
 
+    @property
+    def extraction_id(self) -> str:
+        """The identity's hash: the manifest and every sidecar of this process record it."""
+        return extraction_id(self.identity)
+
 
 def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype: str, samples_per_shard: int,
           max_samples: int, num_shards: int, shard_index: int, trust_remote_code: bool) -> _Job:  # fmt: skip
@@ -139,17 +151,17 @@ def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype:
     loaded), refuse to resume another run's output, and list the shards still to do."""
     from transformers import AutoConfig
 
-    from specdraft.targets import config_hash, resolve_target_dir
+    from specdraft.targets import config_hash, locate_target
 
     n_total = min(len(ds), max_samples) if max_samples else len(ds)
     lengths = {s: len(ds.input_ids[s]) for s in partition(n_total, num_shards, shard_index)}
     plan = plan_shards(lengths, samples_per_shard)
-    local = resolve_target_dir(target, convert=True)
+    local = locate_target(target, need="config")
     model_dir = str(local) if local else target
     text_cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
     layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, layers)
     identity = {
-        "dataset_hash": file_hash(ds.path / DATASET_FILE),
+        "dataset_hash": ds.content_hash,
         "num_samples": n_total,
         "num_shards": num_shards,
         "shard_index": shard_index,
@@ -163,6 +175,7 @@ def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype:
     old = json.loads(man_path.read_text()) if man_path.exists() else None
     if old is not None:
         _check_resume(man_path, old, identity)
+    _check_shards_bound(out_dir, shard_index, plan, extraction_id(identity))
     todo = [k for k in range(len(plan)) if not shard_is_complete(out_dir, shard_stem(shard_index, k))]
     was_complete = bool(old and old.get("complete"))
     return _Job(model_dir, text_cfg, layer_ids, lengths, plan, todo, identity, was_complete)
@@ -177,6 +190,7 @@ def _manifest(job: _Job, ds, info: dict, engine: dict, dtype: str, tensor_parall
         "specdraft_version": __version__,
         **{k: job.identity[k] for k in plan_fields},
         "identity": job.identity,
+        "extraction_id": job.extraction_id,
         "target": info,
         "layer_ids": job.layer_ids,
         "compute_dtype": dtype,
@@ -199,12 +213,31 @@ def _check_resume(man_path: Path, old: dict, identity: dict) -> None:
             f"extract: {man_path.parent} holds an extraction by specdraft {old.get('specdraft_version', '?')} "
             f"without a recorded identity, so resuming it could mix two runs: {fix}"
         )
+    if "extraction_id" not in old:
+        raise ValueError(f"extract: {man_path} is from specdraft {old.get('specdraft_version', '?')}, before shards "
+                         f"were bound to their extraction: {REEXTRACT}")  # fmt: skip
     diff = [
         f"{k} {was} there, {v} now ({_IDENTITY_SOURCES[k]})"
         for k, was, v in changed_settings(old["identity"], identity)
     ]
     if diff:
         raise ValueError(f"extract: {man_path.parent} holds another extraction: {'; '.join(diff)}: {fix}")
+
+
+def _check_shards_bound(out_dir: Path, shard_index: int, plan: list[list[int]], ext_id: str) -> None:
+    """Refuse a sidecar of this process that another extraction wrote, or another shard's under this name,
+    or one that does not hold its planned samples (naming the file and the fix), before any is trusted."""
+    for sc in sorted(out_dir.glob(f"shard-{shard_index:05d}-*.json")):
+        try:
+            side = json.loads(sc.read_text())
+            k = int(sc.stem.rsplit("-", 1)[1])
+        except (OSError, ValueError):
+            continue  # unreadable: not complete, redone
+        problem = binding_problem(side, sc.stem, ext_id)
+        if not problem and (k >= len(plan) or side.get("samples") != plan[k]):
+            problem = "does not hold the samples this extraction plans for it"
+        if problem:
+            raise ValueError(f"extract: {sc} {problem}: {foreign_fix(sc)}")
 
 
 def _check_arguments(
@@ -356,7 +389,9 @@ def _capture_shards(cap, ds, job: _Job, max_tokens_per_batch: int, out_dir: Path
             n = sum(job.lengths[s] for s in batch)
             done_tok += n
             bar.update(n)
-        write_shard(out_dir, shard_stem(job.identity["shard_index"], k), samples, store_dtype)
+        write_shard(
+            out_dir, shard_stem(job.identity["shard_index"], k), samples, store_dtype, job.extraction_id
+        )
     return done_tok
 
 

@@ -16,11 +16,18 @@ template has `{% generation %}` markers, the tokenizer's own assistant mask is u
 rendering diff: the assistant reply of turn i spans the characters between the rendering of
 messages[:i] with the generation prompt and the rendering of messages[:i+1] (trailing whitespace
 after the end-of-turn marker excluded), mapped to tokens through the fast tokenizer's offsets.
+
+A dataset is bound to its content: `manifest.json` records `content_hash` (of data.parquet and
+token_counts.npy), `load_dataset` refuses files that do not match it (replaced or partly written), and
+extractions record it, so a dataset rewritten under them is refused downstream. prepare will not replace
+a different dataset already in OUT without `--overwrite`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +38,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specdraft import __version__
-from specdraft.fileio import atomic_write_text, file_hash, tmp_path
+from specdraft.fileio import atomic_write_text, file_hash, sha256_file, tmp_path
 
 _ROLE_MAP = {
     "human": "user",
@@ -291,6 +298,7 @@ def prepare(
     max_samples: int = 0,
     strict: bool = False,
     trust_remote_code: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
 
@@ -303,6 +311,7 @@ def prepare(
         max_samples: keep at most this many usable conversations (0 = all), in file order.
         strict: fail instead of dropping bad records.
         trust_remote_code: passed to transformers for custom tokenizers.
+        overwrite: replace another dataset already in OUT (extractions made from it are then refused).
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 
@@ -355,14 +364,12 @@ def prepare(
             "loss_mask": pa.array(rows_mask, pa.list_(pa.int8())),
         }
     )
-    tmp = tmp_path(out_dir / DATASET_FILE)
-    pq.write_table(table, tmp)
-    tmp.replace(out_dir / DATASET_FILE)
-    np.save(out_dir / COUNTS_FILE, counts)
+    content = _write_dataset(out_dir, table, counts, overwrite)
     lengths = [len(x) for x in rows_ids]
     manifest = {
         "kind": "specdraft.dataset",
         "specdraft_version": __version__,
+        "content_hash": content,
         "source": str(src),
         "source_hash": file_hash(src),
         "target": target,
@@ -391,6 +398,59 @@ def prepare(
     return out_dir
 
 
+def content_hash(data_file: Path, counts_file: Path) -> str:
+    """The short content hash of a dataset's token ids and loss masks (parquet) and token counts (npy)."""
+    h = hashlib.sha256()
+    for f in (data_file, counts_file):
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()[:16]
+
+
+def dataset_hash(path: str | Path) -> str:
+    """The content hash of the prepared dataset in directory `path`, from its files (what manifests record)."""
+    p = Path(path)
+    return content_hash(p / DATASET_FILE, p / COUNTS_FILE)
+
+
+def _write_dataset(out_dir: Path, table: pa.Table, counts: np.ndarray, overwrite: bool) -> str:
+    """Write data.parquet and token_counts.npy (each atomically) and return their content hash; refuses to
+    replace another intact dataset in `out_dir` unless `overwrite`."""
+    files = (out_dir / DATASET_FILE, out_dir / COUNTS_FILE)
+    tmps = tuple(tmp_path(f) for f in files)
+    try:
+        pq.write_table(table, tmps[0])
+        with open(tmps[1], "wb") as f:
+            np.save(f, counts)
+            f.flush()
+            os.fsync(f.fileno())
+        new = content_hash(*tmps)
+        if not overwrite:
+            _check_replace(out_dir, new)
+    except BaseException:
+        for t in tmps:
+            t.unlink(missing_ok=True)
+        raise
+    for t, f in zip(tmps, files):
+        t.replace(f)
+    return new
+
+
+def _check_replace(out_dir: Path, new: str) -> None:
+    """Refuse to replace an intact dataset of other content (one an extraction may depend on)."""
+    man, files = out_dir / MANIFEST_FILE, (out_dir / DATASET_FILE, out_dir / COUNTS_FILE)
+    if not man.exists() or not all(f.exists() for f in files):
+        return  # nothing there, or a prepare killed before its manifest: nothing can depend on it
+    try:
+        recorded = json.loads(man.read_text()).get("content_hash")
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable manifest: not a dataset anything can load
+    old = content_hash(*files)
+    if old != new and recorded in (None, old):  # intact (or from before content hashes) and different
+        raise ValueError(f"prepare: {out_dir} already holds another dataset (content hash {old}, this one {new}); "
+                         "extractions made from it would no longer match it: pass --overwrite to replace it, or "
+                         "choose another OUT")  # fmt: skip
+
+
 def _describe(by_reason: dict[str, list[int]]) -> str:
     return "; ".join(
         f"{k}: {len(v)} (records {v[:8]}{' ...' if len(v) > 8 else ''})" for k, v in by_reason.items()
@@ -415,6 +475,7 @@ class Dataset:
     manifest: dict
     input_ids: list[list[int]]
     loss_mask: list[list[int]]
+    content_hash: str = ""  # of data.parquet + token_counts.npy, checked against the manifest at load
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -432,9 +493,17 @@ def load_dataset(path: str | Path) -> Dataset:
             f"{p} is not a prepared dataset (no {MANIFEST_FILE}/{DATASET_FILE}): run `specdraft prepare`"
         )
     manifest = json.loads((p / MANIFEST_FILE).read_text())
+    if not (p / COUNTS_FILE).exists():
+        raise FileNotFoundError(f"{p / COUNTS_FILE} missing: rerun `specdraft prepare` into {p}")
+    actual = dataset_hash(p)
     t = pq.read_table(p / DATASET_FILE, columns=["sample_id", "input_ids", "loss_mask"])
+    recorded, rows = manifest.get("content_hash"), manifest.get("num_samples", t.num_rows)
+    if recorded not in (None, actual) or rows != t.num_rows:
+        raise ValueError(f"{p / DATASET_FILE} does not match its {MANIFEST_FILE} ({t.num_rows} rows, content hash "
+                         f"{actual}; the manifest says {rows} rows, {recorded}): it was replaced or partly written; "
+                         f"rerun `specdraft prepare` into {p}")  # fmt: skip
     assert t.column("sample_id").to_pylist() == list(range(t.num_rows)), "sample ids must be 0..N-1"
-    return Dataset(p, manifest, t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist())
+    return Dataset(p, manifest, t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist(), actual)
 
 
 def sharegpt_path() -> Path:

@@ -2,13 +2,15 @@
 
 Layout of an extraction directory (one or many processes may write into it):
     manifest-{i:05d}-of-{N:05d}.json   one per extraction process i of N (--shard-index/--num-shards),
-                                       with the run's `identity` (what a resume must match)
+                                       with the run's `identity` (what a resume must match) and its
+                                       hash `extraction_id`
     shard-{i:05d}-{k:05d}.safetensors  samples of process i, shard k: per sample id s the tensors
                                        `{s}.input_ids` int32 (T,), `{s}.loss_mask` uint8 (T,),
                                        `{s}.hidden` (T, n_layers, H) in the manifest's dtype; with dtype
                                        fp8 `{s}.hidden` is float8_e4m3fn and `{s}.hidden_scale` float32
                                        (T, n_layers) holds its scales (see `specdraft.data.fp8`)
-    shard-{i:05d}-{k:05d}.json         its sidecar: sample ids, lengths, sha256 and size of the shard file
+    shard-{i:05d}-{k:05d}.json         its sidecar: sample ids, lengths, sha256 and size of the shard file,
+                                       its own name and the `extraction_id` it belongs to
     .specdraft.lock                    the writer's lock (`specdraft.fileio.DirLock`); readers ignore it
 
 The plan (which samples go to which shard of which process) is a pure function of the dataset and the
@@ -20,10 +22,17 @@ and loses no complete one.
 Readers check what they read (`ShardSet`): at open, every shard of a complete extraction must be there
 with its recorded size; on first use of a shard in a process its sha256; per loaded sample the tensor
 names, shapes, dtypes and finite values. A failed check raises `ShardError` naming the file and the fix.
+
+Every artefact is bound to its run: a sidecar whose `extraction_id` or name is not its manifest's and its
+own (a shard copied in from another extraction, or renamed) is refused like a corrupted one, and the
+prepared dataset the extraction came from must still have the content hash the identity records
+(`dataset_problem`; train reads its token counts). `missing_samples` says what an extraction lacks
+(samples of absent processes, of shards not written yet): verify reports it, train refuses it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,7 +46,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from specdraft.data import fp8
-from specdraft.data.prepare import COUNTS_FILE
+from specdraft.data.prepare import COUNTS_FILE, DATASET_FILE, MANIFEST_FILE, dataset_hash
 from specdraft.fileio import DTYPES, atomic_write_bytes, sha256_file, tmp_path
 
 #: names accepted for the stored hidden states: the torch dtypes and fp8 (e4m3 + a scale per row)
@@ -45,6 +54,9 @@ STORE_DTYPES = (*sorted(DTYPES), "fp8")
 
 #: the fix for a shard that is missing, truncated or partly written: extract's resume redoes it
 REDO = "rerun `specdraft extract` with the same command to redo it"
+
+#: the fix for an extraction written before shards were bound to it (no `extraction_id`)
+REEXTRACT = "extract again into a new directory (this version binds every shard to its extraction)"
 
 
 class ShardError(ValueError):
@@ -62,6 +74,27 @@ def manifest_name(shard_index: int, num_shards: int) -> str:
 
 def shard_stem(shard_index: int, k: int) -> str:
     return f"shard-{shard_index:05d}-{k:05d}"
+
+
+def extraction_id(identity: dict) -> str:
+    """The short hash of an extraction process's identity (dataset, target, layers, dtype, sharding):
+    its manifest and every sidecar it writes record it."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def binding_problem(side: dict, stem: str, ext_id: str) -> str:
+    """Why sidecar `side` is not shard `stem` of extraction `ext_id` ("" when it is)."""
+    if side.get("extraction") != ext_id:
+        return (f"copied in from another extraction (its sidecar records extraction "
+                f"{side.get('extraction') or 'none'}, this one is {ext_id})")  # fmt: skip
+    if side.get("shard") != stem:
+        return f"holds shard {side.get('shard')} of this extraction under another name"
+    return ""
+
+
+def foreign_fix(path: Path) -> str:
+    """The fix for a shard that does not belong where it is: remove it, let extract redo it."""
+    return f"delete {path.with_suffix('.safetensors')} and {path.with_suffix('.json')}, then {REDO}"
 
 
 def partition(num_samples: int, num_shards: int, shard_index: int) -> list[int]:
@@ -89,12 +122,16 @@ def shard_is_complete(out: Path, stem: str) -> bool:
 
 
 def write_shard(
-    out: Path, stem: str, samples: dict[int, dict[str, torch.Tensor]], store_dtype: str = ""
+    out: Path,
+    stem: str,
+    samples: dict[int, dict[str, torch.Tensor]],
+    store_dtype: str = "",
+    extraction: str = "",
 ) -> dict:
     """Write one shard and then its sidecar, both atomically; returns the sidecar.
 
     `store_dtype` casts the hidden states (a name of `STORE_DTYPES`; "fp8" encodes them with a scale per
-    token and layer); empty: stored as given.
+    token and layer); empty: stored as given. `extraction`: the `extraction_id` the sidecar binds it to.
     """
     tensors = {}
     for sid, s in samples.items():
@@ -120,6 +157,8 @@ def write_shard(
             raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
         raise
     sidecar = {
+        "extraction": extraction,
+        "shard": stem,
         "samples": list(samples),
         "lengths": [int(s["input_ids"].shape[0]) for s in samples.values()],
         "sha256": sha256_file(path),
@@ -180,6 +219,7 @@ class ShardSet:
         self.manifests = manifests
         self.manifest = manifests[0]
         self._locs = locs
+        self._listed = frozenset(locs)  # every sample a sidecar lists, bad shards' too (see missing_samples)
         self.duplicates = duplicates
         self._sidecars = sidecars  # shard path -> its sidecar
         self._hashed: set[Path] = set()  # shards whose sha256 this process has checked
@@ -230,6 +270,9 @@ class ShardSet:
                     continue
                 sidecars[path] = side
                 problems += [(path, e) for e in _size_problems(path, side)]
+                foreign = binding_problem(side, path.stem, man["extraction_id"])
+                if foreign:
+                    problems.append((path, ShardError(path, foreign, foreign_fix(path))))
                 for sid, n in zip(side["samples"], side["lengths"]):
                     if sid in locs:
                         dup.setdefault(sid, [str(locs[sid].path)]).append(str(path))
@@ -250,6 +293,30 @@ class ShardSet:
 
     def sample_ids(self) -> list[int]:
         return sorted(self._locs)
+
+    def missing_samples(self) -> list[int]:
+        """Samples of the extraction that no sidecar lists: those of absent processes (`--num-shards`), of
+        shards not written yet or lost. Samples of bad shards (left out with skip_bad) are not counted."""
+        return sorted(set(range(self.manifest["num_samples"])) - self._listed)
+
+    def absent_processes(self) -> list[int]:
+        """The `--shard-index` values of the extraction whose output was not opened."""
+        return sorted(set(range(self.manifest["num_shards"])) - {m["shard_index"] for m in self.manifests})
+
+    def dataset_problem(self) -> Exception | None:
+        """Why the prepared dataset these shards came from cannot be used with them (None when it can):
+        moved or deleted, or changed since (its content hash is not the one the extraction recorded)."""
+        d = Path(self.manifest["dataset"])
+        gone = [d / f for f in (MANIFEST_FILE, DATASET_FILE, COUNTS_FILE) if not (d / f).exists()]
+        if gone:
+            return FileNotFoundError(f"{gone[0]} missing: the prepared dataset of this extraction was moved or "
+                                     "deleted (train reads its token counts): restore it there")  # fmt: skip
+        now, then = dataset_hash(d), self.manifest["dataset_hash"]
+        if now != then:
+            return ValueError(f"{d / DATASET_FILE} changed since these shards were extracted from it (content hash "
+                              f"{now}, {then} then; was `specdraft prepare` rerun into {d}?): restore that dataset, "
+                              "or extract the new one into a new directory")  # fmt: skip
+        return None
 
     def length(self, sid: int) -> int:
         return self._locs[sid].length
@@ -306,13 +373,12 @@ class ShardSet:
         return out
 
     def token_counts(self) -> np.ndarray:
-        """Token frequencies over loss-masked tokens, from the dataset the shards were extracted from."""
-        path = Path(self.manifest["dataset"]) / COUNTS_FILE
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path} missing: the prepared dataset of this extraction was moved or deleted"
-            )
-        return np.load(path)
+        """Token frequencies over loss-masked tokens, from the dataset the shards were extracted from
+        (refused when that dataset is gone or changed since)."""
+        problem = self.dataset_problem()
+        if problem is not None:
+            raise problem
+        return np.load(Path(self.manifest["dataset"]) / COUNTS_FILE)
 
 
 def _read_manifests(paths) -> list[dict]:
@@ -325,6 +391,9 @@ def _read_manifests(paths) -> list[dict]:
             raise FileNotFoundError(f"{d} holds no extraction manifest: run `specdraft extract` first")
         for m in found:
             man = _read_json(m)
+            if "extraction_id" not in man:
+                raise ValueError(f"{m}: an extraction by specdraft {man.get('specdraft_version', '?')}, from before "
+                                 f"shards were bound to their extraction: {REEXTRACT}")  # fmt: skip
             man["_dir"] = str(d)
             manifests.append(man)
     keys = ("target", "layer_ids", "dtype", "dataset_hash", "num_shards")
@@ -401,7 +470,8 @@ def verify(paths: list[str] | str, deep: bool = True) -> list[str]:
     """Check shards against their manifests and sidecars; returns every problem found (empty: all good).
 
     Checks: every sample of the dataset present exactly once across all processes' outputs; every shard
-    of a complete extraction present; each shard's size and sha256; per sample the tensor names, shapes
+    of a complete extraction present and bound to it (no shard of another extraction, none renamed); the
+    prepared dataset unchanged since; each shard's size and sha256; per sample the tensor names, shapes
     (T matches, n_layers and H match the manifest), dtypes, and finite values (deep=True reads every
     tensor; the first problem of a shard is reported).
     """
@@ -410,12 +480,13 @@ def verify(paths: list[str] | str, deep: bool = True) -> list[str]:
     except (FileNotFoundError, ValueError) as e:
         return [str(e)]
     problems = [f"{e.path.name}: {e.problem}" for _, e in scanned]
+    dataset = ss.dataset_problem()
+    if dataset is not None:
+        problems.append(str(dataset))
     man = ss.manifest
-    expected = set(range(man["num_samples"]))
-    have = set(ss.sample_ids())
-    missing = sorted(expected - have)
-    extra = sorted(have - expected)
-    absent = sorted(set(range(man["num_shards"])) - {m["shard_index"] for m in ss.manifests})
+    missing = ss.missing_samples()
+    extra = sorted(set(ss.sample_ids()) - set(range(man["num_samples"])))
+    absent = ss.absent_processes()
     if absent:
         problems.append(f"no output from extraction processes {absent} of {man['num_shards']}")
     if missing:

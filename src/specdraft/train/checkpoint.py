@@ -3,11 +3,15 @@
 A checkpoint is a saved draft (`specdraft.model.checkpoint.save_draft`: config.json + model.safetensors)
 plus `train_state.pt` (STATE_FILE: step, optimizer, scheduler, RNG states, the settings, the number of
 ranks, the batch plan's hash, the data provenance); `OUT/checkpoints/latest` (LATEST_FILE) names the
-newest complete one. Finding it is `specdraft.model.checkpoint.latest_checkpoint`.
+newest complete one. Finding it is `specdraft.model.checkpoint.latest_checkpoint`. `--resume` refuses a
+checkpoint trained on other data (the provenance's extraction and dataset hashes). A full disk met while
+writing a checkpoint or final/ is reported naming that path (`disk_errors_named`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import random
 import shutil
@@ -74,7 +78,6 @@ def _save_checkpoint(
     name = f"step_{step:08d}"
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_draft(draft_cpu, tmp, embed_from=embed_from)  # the frozen embedding by reference when known
     state = {
         "step": step,
         "optimizer": opt_state,
@@ -82,7 +85,13 @@ def _save_checkpoint(
         "rng": _rng_state(),
         **info,
     }
-    torch.save(state, tmp / STATE_FILE)
+    try:
+        with disk_errors_named(root / name):
+            save_draft(draft_cpu, tmp, embed_from=embed_from)  # the frozen embedding by reference when known
+            torch.save(state, tmp / STATE_FILE)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk must not stay full of a partial checkpoint
+        raise
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -92,9 +101,35 @@ def _save_checkpoint(
     return final
 
 
-def _load_train_state(ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str) -> dict:
+@contextlib.contextmanager
+def disk_errors_named(path: Path):
+    """Re-raise a full disk met while writing `path` as OSError(ENOSPC) naming `path`, however the writer
+    reports it (safetensors and torch raise their own errors, without the path)."""
+    try:
+        yield
+    except Exception as e:
+        full = (isinstance(e, OSError) and e.errno == errno.ENOSPC) or any(
+            m in str(e) for m in ("No space left on device", "os error 28")
+        )
+        if not full or (isinstance(e, OSError) and e.filename):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+
+
+def _check_same_data(ckpt: Path, old: dict, now: dict) -> None:
+    """Refuse to resume on data other than the checkpoint's (its extraction or dataset content hash)."""
+    for key in ("extraction", "dataset_hash"):
+        if key in old and old[key] != now.get(key):
+            raise ValueError(f"train --resume: {ckpt} was trained on other data ({key} {old[key]} there, "
+                             f"{now.get(key)} now): resume with the data it started on, or start a new --out")  # fmt: skip
+
+
+def _load_train_state(
+    ckpt: Path, cfg: TrainConfig, world: int, plan_hash: str, provenance: dict | None = None
+) -> dict:
     """The checkpoint's train_state.pt; refused when the math settings, the ranks or the data differ."""
     state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    _check_same_data(ckpt, state.get("provenance", {}), provenance or {})
     old = state["config"]
     defaults = asdict(TrainConfig())  # a setting newer than the checkpoint: its default is what it ran with
     changed = [k for k, _, _ in changed_settings(old, asdict(cfg), defaults, skip=_RESUME_FREE)]

@@ -18,6 +18,7 @@ class TrainConfig:
     target: str = ""  # target model (dir, hub id, smollm2-135m); default: the shards' manifest's
     trust_remote_code: bool = False  # allow model code shipped with the target (config, tokenizer)
     skip_bad: bool = False  # skip shards that fail their checks (counted and named) instead of stopping
+    allow_partial: bool = False  # train on an incomplete extraction (samples missing), saying how many
     online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
     layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
@@ -108,4 +109,4 @@ class TrainConfig:
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
-                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad"}  # fmt: skip
+                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip

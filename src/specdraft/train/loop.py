@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.fileio import DirLock
-from specdraft.model.checkpoint import latest_checkpoint, load_draft, save_draft
+from specdraft.model.checkpoint import EMBED_KEY, latest_checkpoint, load_draft, save_draft
 from specdraft.train.batches import Batch, _plan_hash, _to_device, load_rows, loss_part, plan_batches
 from specdraft.train.checkpoint import (
     _draft_from_state,
@@ -33,6 +33,7 @@ from specdraft.train.checkpoint import (
     _load_train_state,
     _restore,
     _save_checkpoint,
+    disk_errors_named,
 )
 from specdraft.train.config import _DEFAULTS, TrainConfig
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
@@ -172,7 +173,8 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     wrapped = wrap_model(model, world, cfg.fsdp, device)
     params = [p for p in model.parameters() if p.requires_grad]
     if rank == 0:
-        _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints, 4 if cfg.ema else 3)
+        _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints, 4 if cfg.ema else 3,
+                    *_frozen_bytes(st.draft, st.embed_source is not None))  # fmt: skip
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total))
     info = {
@@ -186,23 +188,41 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
                 val_batches, model, wrapped, params, optimizer, scheduler, info, ema)  # fmt: skip
 
 
-def _check_disk(out_dir: Path, n_params: int, keep: int, copies: int = 3) -> None:
-    """Refuse to start when the checkpoints this run keeps cannot fit (fp32 weights + AdamW's two moments,
-    + the --ema average)."""
+_SAVE_OVERHEAD = 1 << 20  # bytes a save adds to its tensors, at most: headers, config.json, RNG states
+
+
+def _frozen_bytes(draft: nn.Module, embed_referenced: bool) -> tuple[int, int]:
+    """(bytes of the draft's state that training does not change, the part of it a checkpoint holds): the
+    frozen embedding, d2t/t2d; final/ holds them all, checkpoints leave the embedding out when referenced."""
+    trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
+    frozen = {k: t.numel() * t.element_size() for k, t in draft.state_dict().items() if k not in trainable}
+    return sum(frozen.values()), sum(
+        b for k, b in frozen.items() if not (embed_referenced and k == EMBED_KEY)
+    )
+
+
+def _check_disk(
+    out_dir: Path, n_params: int, keep: int, copies: int = 3, frozen: int = 0, frozen_in_ckpt: int = 0
+) -> None:
+    """Refuse to start when what this run writes cannot fit: `keep` checkpoints (fp32 weights + AdamW's two
+    moments, + the --ema average, + `frozen_in_ckpt`), one more while it is written, and final/ (the fp32
+    weights and all `frozen` bytes: the embedding too)."""
     import shutil
 
-    per_ckpt = n_params * 4 * copies  # weights, exp_avg, exp_avg_sq (, ema) in fp32; embedding referenced
-    need = per_ckpt * (keep + 1) + n_params * 4  # kept + the one being written + final/
+    per_ckpt = n_params * 4 * copies + frozen_in_ckpt + _SAVE_OVERHEAD
+    final = n_params * 4 + frozen + _SAVE_OVERHEAD
+    need = per_ckpt * (keep + 1) + final
     free = shutil.disk_usage(out_dir).free
     if need > free:
-        raise OSError(f"train keeps {keep} checkpoint(s) of ~{per_ckpt / 2**20:.0f} MiB in {out_dir} (~{need / 2**20:.0f} "
-                      f"MiB with the one being written and final/) but only {free / 2**20:.0f} MiB are free: free space, "
+        raise OSError(f"train needs ~{need / 2**20:.0f} MiB in {out_dir}: {keep} checkpoint(s) of ~{per_ckpt / 2**20:.0f} "
+                      f"MiB, one more while it is written, and {out_dir / 'final'} of ~{final / 2**20:.0f} MiB (the "
+                      f"draft with its frozen embedding), but only {free / 2**20:.0f} MiB are free: free space, "
                       "choose another --out, or lower --keep-checkpoints")  # fmt: skip
 
 
 def _resume(run: _Run, ckpt: Path) -> int:
     """Model, optimizer, scheduler and RNG from the checkpoint (same settings and data required); its step."""
-    state = _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0))
+    state = _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0), run.st.provenance)
     start = _restore(ckpt, state, run.model, run.optimizer, run.scheduler)
     with torch.no_grad():
         for e, saved in zip(run.ema, state["ema"] if run.ema else []):
@@ -422,7 +442,8 @@ def _finish(run: _Run, log: MetricsLog, step: int, val: dict | None) -> Path:
     final = run.out_dir / "final"
     if run.rank == 0:
         draft_cpu = run.st.draft if not run.sharded else load_draft(latest_checkpoint(run.out_dir))
-        save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, **run.st.provenance}})
+        with disk_errors_named(final):
+            save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, **run.st.provenance}})
         plot_metrics(log.path, run.out_dir / "training.png")
         log.close()
         print(f"train: done, {step} steps -> {final}", flush=True)

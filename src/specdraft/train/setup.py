@@ -2,7 +2,9 @@
 
 Offline, the samples come from `specdraft extract` shards and the target is the one named in their
 manifest (checked by config hash); online, from a `specdraft prepare` dataset, captured from the target
-in this process. Either way the draft vocabulary comes from the data's token counts.
+in this process. Either way the draft vocabulary comes from the data's token counts. Offline, the shards
+must be bound to their extraction, its dataset unchanged since, and no sample missing (`--allow-partial`
+trains on what is there); the provenance records the extraction and dataset hashes that `--resume` checks.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
     counts = ds.token_counts
     pad = tgt.model.config.get_text_config().pad_token_id
     source = OnlineSource(ds, HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0))
-    prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids}
+    prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
+            "dataset_hash": ds.content_hash}  # fmt: skip
     return _Opened(source, lengths, counts, tgt, layer_ids, prov)
 
 
@@ -75,6 +78,8 @@ def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtyp
     from specdraft.model.frozen import load_frozen
 
     ss = ShardSet.open([p for p in data.split(",") if p], skip_bad=cfg.skip_bad)
+    counts = ss.token_counts()  # refused when the dataset was moved, deleted or changed since the extraction
+    _check_complete(ss, data, cfg.allow_partial)
     man = ss.manifest
     layer_ids = list(man["layer_ids"])
     tinfo = man["target"]
@@ -89,15 +94,34 @@ def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtyp
                              f"({tinfo.get('name')}, {what} {theirs}): its teacher head would be wrong; pass "
                              "--target with the extraction's model")  # fmt: skip
     sids = ss.sample_ids()
-    if not all(m.get("complete") for m in ss.manifests):
-        print(f"train: warning: the extraction in {data} is not complete; training on the {len(sids)} samples "
-              "of its finished shards (rerun `specdraft extract` to finish it)", flush=True)  # fmt: skip
     if cfg.max_samples:
         sids = sids[: cfg.max_samples]
     lengths = {s: ss.length(s) for s in sids}
-    counts = ss.token_counts()
-    prov = {"mode": "offline", "shards": data, "layer_ids": layer_ids}
+    prov = {"mode": "offline", "shards": data, "layer_ids": layer_ids, "dataset_hash": man["dataset_hash"],
+            "extraction": sorted(m["extraction_id"] for m in ss.manifests)}  # fmt: skip
     return _Opened(ShardSource(ss), lengths, counts, tgt, layer_ids, prov)
+
+
+def _check_complete(ss, data: str, allow_partial: bool) -> None:
+    """Refuse an extraction that lacks samples (processes of --num-shards absent, shards not written yet or
+    lost) unless `allow_partial`; then say how many are missing."""
+    missing = ss.missing_samples()
+    if not missing:
+        return
+    man = ss.manifest
+    why = []
+    if ss.absent_processes():
+        why.append(f"no output of processes {ss.absent_processes()} of --num-shards {man['num_shards']}")
+    unfinished = sorted(m["shard_index"] for m in ss.manifests if not m.get("complete"))
+    if unfinished:
+        why.append(f"process(es) {unfinished} not finished")
+    n, have = man["num_samples"], len(ss.sample_ids())
+    what = f"{data} lacks {len(missing)} of the extraction's {n} samples ({'; '.join(why) or 'shards lost'})"
+    if not allow_partial:
+        raise ValueError(f"train: {what}: finish the extraction (rerun `specdraft extract`; `specdraft verify` "
+                         f"lists what is missing) and pass every process's directory, or pass --allow-partial to "
+                         f"train on the {have} there")  # fmt: skip
+    print(f"train: warning: --allow-partial: {what}; training on the {have} there", flush=True)
 
 
 def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
