@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,3 +143,41 @@ def test_bad_inputs(tiny_llama_dir, tmp_path, one_thread):
         regenerate(
             str(tmp_path / "missing.jsonl"), str(tmp_path / "d"), target=str(tiny_llama_dir), engine="hf"
         )
+
+
+def test_a_missing_or_empty_target_is_named_before_any_engine_is_chosen(convs_file, tmp_path):
+    (tmp_path / "empty").mkdir()
+    for target in (tmp_path / "nope", tmp_path / "empty"):
+        out = tmp_path / f"out-{target.name}"
+        with pytest.raises((ValueError, FileNotFoundError), match=re.escape(str(target))) as e:
+            regenerate(str(convs_file), str(out), target=str(target))  # engine auto: vLLM when installed
+        assert "--engine" not in str(e.value) and "\n" not in str(e.value)
+        assert not (out / SETTINGS_FILE).exists()  # nothing recorded for a run that never started
+
+
+def test_a_run_that_wrote_no_chunk_may_restart_with_other_settings(
+    tiny_llama_dir, convs_file, tmp_path, one_thread
+):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")  # a target that fails to load
+    out = tmp_path / "o"
+    with pytest.raises(ValueError):
+        regenerate(str(convs_file), str(out), target=str(bad), engine="hf", max_samples=2)
+    args = dict(target=str(tiny_llama_dir), engine="hf", max_samples=2, chunk_size=2)
+    regenerate(str(convs_file), str(out), max_new_tokens=2, **args)  # the corrected target is not refused
+    # a run killed before its first chunk was written (its settings recorded) starts over with other settings
+    for f in [*out.glob("chunk-*"), *out.glob(".chunk-*"), out / OUTPUT_FILE]:
+        f.unlink()
+    regenerate(str(convs_file), str(out), max_new_tokens=3, **args)
+    assert json.loads((out / SETTINGS_FILE).read_text())["settings"]["max_new_tokens"] == 3
+
+
+def test_a_chunk_without_its_totals_is_redone(tiny_llama_dir, convs_file, tmp_path, one_thread):
+    args = dict(target=str(tiny_llama_dir), engine="hf", max_new_tokens=3, chunk_size=2)
+    out = regenerate(str(convs_file), str(tmp_path / "o"), **args)
+    whole, meta = out.read_bytes(), json.loads((tmp_path / "o" / SETTINGS_FILE).read_text())
+    (tmp_path / "o" / ".chunk-00001.totals.json").unlink()  # killed between a chunk and its totals
+    out.unlink()
+    assert regenerate(str(convs_file), str(tmp_path / "o"), **args).read_bytes() == whole
+    assert json.loads((tmp_path / "o" / SETTINGS_FILE).read_text()) == meta

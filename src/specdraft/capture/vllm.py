@@ -57,6 +57,7 @@ Requirements: ``enforce_eager=True`` (no CUDA graphs or torch.compile around the
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -68,7 +69,7 @@ import torch
 from torch import nn
 
 from specdraft.engine import contract as engines
-from specdraft.engine import options, vllm_rpc
+from specdraft.engine import lifetime, options, vllm_rpc
 from specdraft.targets import find_layout
 
 EXTENSION_PATH = "specdraft.capture.vllm.SpecdraftWorkerExtension"
@@ -536,7 +537,10 @@ class VLLMCapture:
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
         vllm_rpc.cpu_thread_binding(tensor_parallel_size)
-        self.llm = engines.call("vllm.LLM", user_kwargs=user, **kw)
+        # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
+        self.llm, self._guard = lifetime.build_guarded(
+            lambda: engines.call("vllm.LLM", user_kwargs=user, **kw)
+        )
         self._sampling = engines.call("vllm.SamplingParams", max_tokens=1, temperature=0.0, detokenize=False)
         self.num_layers = -1
         #: how the last run's rows were mapped to prompts: "input_ids" (the model's argument), "embedding"
@@ -635,7 +639,7 @@ class VLLMCapture:
         return result
 
     def close(self) -> None:
-        """Remove the hooks and drop the engine."""
+        """Remove the hooks, drop the engine and leave its lifetime guard."""
         if getattr(self, "llm", None) is None:
             return
         if self.mode == "hooks" and self._capturing:
@@ -644,6 +648,8 @@ class VLLMCapture:
             except Exception:  # the engine may already be down; nothing left to clean then
                 pass
         self.llm = None
+        gc.collect()  # the engine's processes end with it, before its lifetime guard is left
+        self._guard.close()
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 

@@ -8,8 +8,12 @@ template. The output is a conversations jsonl that `specdraft prepare` reads as 
 Files of OUT:
     chunk-{k:05d}.jsonl   the regenerated conversations k*C .. (k+1)*C-1 of the usable input, written
                           atomically: a chunk is there whole or not at all
-    regenerate.json       the settings and input fingerprint (a rerun with other settings is refused),
-                          then the totals: replies by stop reason, tokens, dropped records by reason
+    .chunk-{k:05d}.totals.json  that chunk's totals, written just before the chunk (a chunk counts as done
+                          only with both files: one without its totals is generated again)
+    regenerate.json       the settings and input fingerprint, written once the engine runs (a rerun with other
+                          settings is refused while a chunk is there; a run that wrote no chunk may start
+                          over with other settings), then the totals: replies by stop reason, tokens, dropped
+                          records by reason
     conversations.jsonl   all chunks in input order, written when the last chunk is done
 
 Resume: rerun the same command; chunks already written are kept, the rest generated. Each chunk draws
@@ -23,6 +27,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -168,9 +173,15 @@ def _settings(data: Path, target: str, sampling: Sampling, turns: str, max_sampl
     }
 
 
+def _chunk_done(out: Path, k: int) -> bool:
+    """True when chunk `k` and its totals are both written (the totals go first; see _run_chunks)."""
+    return (out / f"chunk-{k:05d}.jsonl").exists() and (out / f".chunk-{k:05d}.totals.json").exists()
+
+
 def _check_resume(out: Path, settings: dict) -> None:
+    """Refuse other settings than those of the chunks already in `out` (none there: any settings start over)."""
     f = out / SETTINGS_FILE
-    if not f.exists():
+    if not f.exists() or not any(out.glob("chunk-*.jsonl")):
         return
     before = json.loads(f.read_text())["settings"]
     diff = changed_settings(before, settings)
@@ -241,7 +252,7 @@ def regenerate(
     from specdraft.data.prepare import sharegpt_path
     from specdraft.engine.options import parse_engine_args
     from specdraft.fileio import DTYPES
-    from specdraft.targets import load_target
+    from specdraft.targets import locate_target
 
     errors = []
     if turns not in ("first", "all"):
@@ -267,6 +278,8 @@ def regenerate(
         errors.append(f"{data}: no such file (give a conversations file, or `sharegpt`)")
     if errors:
         raise ValueError("; ".join(errors))
+    # a missing or empty target is named here, before any engine is chosen
+    target_dir = locate_target(target, need="config")
 
     root = Path(out)
     sampling = Sampling(temperature, top_p, max_new_tokens)
@@ -275,20 +288,18 @@ def regenerate(
         _check_resume(root, settings)
         convs, report = _usable(src, max_samples)
         chunks = [convs[i : i + chunk_size] for i in range(0, len(convs), chunk_size)]
-        todo = [k for k in range(len(chunks)) if not (root / f"chunk-{k:05d}.jsonl").exists()]
-        atomic_write_text(root / SETTINGS_FILE, json.dumps({"settings": settings, "done": False}, indent=1))
+        todo = [k for k in range(len(chunks)) if not _chunk_done(root, k)]
         if todo:
             if engine == "auto":
                 engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
             if engine == "vllm":
-                gen, tokenizer = _vllm_generator(target, dtype, max_prompt_tokens + max_new_tokens, tensor_parallel_size,
-                                                 seed, trust_remote_code, extra)  # fmt: skip
+                gen, tokenizer = _vllm_generator(target, target_dir, dtype, max_prompt_tokens + max_new_tokens,
+                                                 tensor_parallel_size, seed, trust_remote_code, extra)  # fmt: skip
             else:
-                tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-                gen, tokenizer = (
-                    HFGenerator(tgt, _stops(target, tgt.tokenizer, tgt.model.generation_config)),
-                    tgt.tokenizer,
-                )
+                gen, tokenizer = _hf_generator(target, device, dtype, trust_remote_code)
+            # recorded once the engine runs: a run that failed to start holds no settings
+            started = {"settings": settings, "done": False}
+            atomic_write_text(root / SETTINGS_FILE, json.dumps(started, indent=1))
             print(f"regenerate: {len(todo)} of {len(chunks)} chunks to generate with {engine}", flush=True)
             try:
                 _run_chunks(root, chunks, todo, gen, tokenizer, sampling, turns, max_prompt_tokens, seed)
@@ -306,15 +317,20 @@ def _stops(target: str, tokenizer, generation_config) -> tuple[int, ...]:
     return stops
 
 
-def _vllm_generator(target: str, dtype: str, max_model_len: int, tp: int, seed: int, trust_remote_code: bool,
-                    engine_args: dict):  # fmt: skip
-    """(VLLMGenerator, tokenizer) for `target`; the embedded default is converted to its HF dir first."""
-    from specdraft.data.vllm_replies import VLLMGenerator
-    from specdraft.targets import load_tokenizer, read_generation_config, resolve_target_dir
+def _hf_generator(target: str, device: str, dtype: str, trust_remote_code: bool) -> tuple[HFGenerator, Any]:
+    """(HFGenerator, tokenizer) for `target`, loaded with transformers."""
+    from specdraft.targets import load_target
 
-    target_dir = resolve_target_dir(target, convert=True)
-    if target_dir is None:
-        raise ValueError(f"{target}: --engine vllm needs a local model directory (or the embedded default)")
+    tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    return HFGenerator(tgt, _stops(target, tgt.tokenizer, tgt.model.generation_config)), tgt.tokenizer
+
+
+def _vllm_generator(target: str, target_dir: Path, dtype: str, max_model_len: int, tp: int, seed: int,
+                    trust_remote_code: bool, engine_args: dict):  # fmt: skip
+    """(VLLMGenerator, tokenizer) for `target`, found at `target_dir` (the embedded default's converted dir)."""
+    from specdraft.data.vllm_replies import VLLMGenerator
+    from specdraft.targets import load_tokenizer, read_generation_config
+
     tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
     stops = _stops(target, tokenizer, read_generation_config(target_dir))
     gen = VLLMGenerator(str(target_dir), stops, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tp,
@@ -330,8 +346,9 @@ def _run_chunks(root: Path, chunks, todo, gen, tokenizer, sampling, turns, max_p
             chunks[k], gen, tokenizer, sampling, turns, max_prompt_tokens, seed * 100_003 + k
         )
         lines = "".join(json.dumps({"messages": c, "chunk": k}) + "\n" for c in convs)
-        atomic_write_text(root / f"chunk-{k:05d}.jsonl", lines)
+        # the totals first: a chunk without them counts as not done (_chunk_done)
         atomic_write_text(root / f".chunk-{k:05d}.totals.json", json.dumps(asdict(tot)))
+        atomic_write_text(root / f"chunk-{k:05d}.jsonl", lines)
         ntok += tot.reply_tokens
         bar.update(len(chunks[k]))
         bar.set_postfix(tok_s=f"{ntok / max(time.time() - t0, 1e-9):.1f}")

