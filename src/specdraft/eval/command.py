@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdraft.eval.prompts import rendering
 from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
 from specdraft.eval.report import summary_lines
 from specdraft.targets import EMBEDDED_DEFAULT
@@ -41,6 +42,8 @@ def evaluate(
     engine_args: str = "",
     batch1_prompts: int = 8,
     trust_remote_code: bool = False,
+    chat_template: str = "",
+    chat_template_kwargs: str = "",
 ) -> int:
     """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
 
@@ -76,7 +79,59 @@ def evaluate(
         batch1_prompts: vLLM: also serve the first N prompts one at a time (batch 1, latency) with and without
             the draft, and report the cost of a round (0 = batched only).
         trust_remote_code: allow model code shipped with the target.
+        chat_template: render prompts with this Jinja chat template (a file or the text) instead of the
+            target's own; a draft trained on data rendered otherwise is refused.
+        chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": false}', as serving
+            would pass them (thinking on or off).
     """
+    template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
+    with rendering(template, kwargs):
+        return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
+                         temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
+                         tensor_parallel_size, engine_args, batch1_prompts, trust_remote_code)  # fmt: skip
+
+
+def _check_rendering(
+    draft: list[str], target: str, chat_template: str, chat_template_kwargs: str, trust_remote_code: bool
+) -> tuple[str | None, dict]:
+    """The template (None: the target's own) and kwargs prompts are rendered with; refuses a trained draft whose
+    data was rendered otherwise (`train` records it), naming the difference."""
+    from specdraft.data.render import choose_template, template_identity
+    from specdraft.targets import load_tokenizer
+
+    if not chat_template and not chat_template_kwargs and not any(_recorded_rendering(d) for d in draft):
+        return None, {}  # nothing chosen, nothing recorded: the tokenizer's own template, no kwargs
+    tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    kwargs = choose_template(tok, chat_template, chat_template_kwargs)
+    now = template_identity(tok, kwargs)
+    for d in draft:
+        was = _recorded_rendering(d)
+        if was.get("mode", "chat") != "chat":
+            continue  # trained on raw documents: any chat rendering is new to it
+        diff = [f"{k} {was[k]!r} in training, {now[k]!r} here" for k in now if k in was and was[k] != now[k]]
+        if diff:
+            raise ValueError(f"eval: {d} was trained on data rendered otherwise ({'; '.join(diff)}): pass the "
+                             "--chat-template and --chat-template-kwargs its dataset was prepared with")  # fmt: skip
+    return (tok.chat_template if chat_template else None), kwargs
+
+
+def _recorded_rendering(draft: str) -> dict:
+    """How a trained draft's data was rendered, from its `final/config.json` ({} when unknown)."""
+    for f in (Path(draft) / "final" / "config.json", Path(draft) / "config.json"):
+        if draft != UNTRAINED and f.is_file():
+            try:
+                return json.loads(f.read_text()).get("train", {}).get("rendering", {}) or {}
+            except (OSError, ValueError, AttributeError):
+                return {}
+    return {}
+
+
+def _evaluate(
+    draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
+    draft_vocab_size, device, dtype, out, seed, progress, threads, engine, tensor_parallel_size, engine_args,
+    batch1_prompts, trust_remote_code,
+) -> int:  # fmt: skip
+    """`evaluate` with the rendering chosen."""
     if engine == "vllm":
         engine_kwargs = _engine_kwargs(tensor_parallel_size, engine_args)
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,

@@ -7,8 +7,9 @@ reports compare prompt by prompt.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,28 @@ def collect_prompts(prompts: str | Sequence[Any], max_prompts: int = 0) -> list[
     return out
 
 
+#: how chats are rendered while `rendering` is active: `--chat-template` text (None: the tokenizer's own)
+#: and `--chat-template-kwargs`; both evaluations render through `_chat_ids`, so they always agree
+_RENDERING: dict[str, Any] = {"chat_template": None, "kwargs": {}}
+
+
+@contextlib.contextmanager
+def rendering(chat_template: str | None, kwargs: dict) -> Iterator[None]:
+    """Render every prompt of this evaluation with `chat_template` (None: the tokenizer's own) and the
+    template variables `kwargs` (e.g. `enable_thinking`), as serving would."""
+    before = dict(_RENDERING)
+    _RENDERING.update(chat_template=chat_template, kwargs=dict(kwargs))
+    try:
+        yield
+    finally:
+        _RENDERING.update(before)
+
+
 def _chat_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Token ids of a chat rendered by the tokenizer's chat template, with the generation prompt appended."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """Token ids of a chat rendered by the chat template (see `rendering`), with the generation prompt appended."""
+    extra = {"chat_template": _RENDERING["chat_template"]} if _RENDERING["chat_template"] else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra,
+                                         **_RENDERING["kwargs"])  # fmt: skip
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -64,7 +64,7 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
     pad = tgt.model.config.get_text_config().pad_token_id
     source = OnlineSource(ds, HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0))
     prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
-            "dataset_hash": ds.content_hash}  # fmt: skip
+            "dataset_hash": ds.content_hash, "rendering": rendering_of(ds.manifest)}  # fmt: skip
     return _Opened(source, lengths, counts, tgt, layer_ids, prov)
 
 
@@ -98,8 +98,26 @@ def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtyp
         sids = sids[: cfg.max_samples]
     lengths = {s: ss.length(s) for s in sids}
     prov = {"mode": "offline", "shards": data, "layer_ids": layer_ids, "dataset_hash": man["dataset_hash"],
-            "extraction": sorted(m["extraction_id"] for m in ss.manifests)}  # fmt: skip
+            "extraction": sorted(m["extraction_id"] for m in ss.manifests),
+            "rendering": rendering_of(_dataset_manifest(man.get("dataset")))}  # fmt: skip
     return _Opened(ShardSource(ss), lengths, counts, tgt, layer_ids, prov)
+
+
+def _dataset_manifest(path: str | None) -> dict:
+    """The manifest of the dataset an extraction was made from ({} when it cannot be read)."""
+    import json
+
+    try:
+        return json.loads((Path(path) / "manifest.json").read_text()) if path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def rendering_of(dataset_manifest: dict) -> dict:
+    """How the training data was rendered (chat or text mode, chat template hash, template kwargs): recorded
+    in the draft, so eval can refuse to render its prompts otherwise."""
+    keys = ("mode", "chat_template_sha256", "chat_template_kwargs")
+    return {k: dataset_manifest[k] for k in keys if k in dataset_manifest}
 
 
 def _check_complete(ss, data: str, allow_partial: bool) -> None:

@@ -1,0 +1,75 @@
+"""Stand-in chat templates of three reasoning/tool-calling families, written in this project (not copied).
+
+``tests/templates/*.jinja`` behave like Qwen3's hybrid thinking (``hybrid_thinking``), DeepSeek-R1
+(``deepseek_r1``) and Kimi-K2-Thinking (``kimi_k2_thinking``); tests/templates/README.md says what each
+was learned from and how it treats reasoning, tools, the generation prompt and the end of a turn.
+``standin_tokenizer(name)`` gives the tiny offline tokenizer of tests/conftest.py with that template and
+each of its special markers as one token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import build_tokenizer
+
+HERE = Path(__file__).parent / "templates"
+TEMPLATES: dict[str, Path] = {
+    "hybrid_thinking": HERE / "hybrid_thinking.jinja",
+    "deepseek_r1": HERE / "deepseek_r1.jinja",
+    "kimi_k2_thinking": HERE / "kimi_k2_thinking.jinja",
+}
+SPECIAL_TOKENS: dict[str, list[str]] = {
+    "hybrid_thinking": [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+    ],
+    "deepseek_r1": [
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<think>",
+        "</think>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁outputs▁begin｜>",
+        "<｜tool▁outputs▁end｜>",
+        "<｜tool▁output▁begin｜>",
+        "<｜tool▁output▁end｜>",
+    ],
+    "kimi_k2_thinking": [
+        "<|im_system|>",
+        "<|im_user|>",
+        "<|im_assistant|>",
+        "<|im_middle|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    ],
+}
+# bos/eos as the real tokenizers set them (the others keep conftest's eos <|im_end|>, which is their end of turn)
+_BOS_EOS = {"deepseek_r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}}
+
+
+def standin_tokenizer(name: str):
+    """A fast tokenizer with the stand-in template `name` and each of its special markers as one token."""
+    if name not in TEMPLATES:
+        raise ValueError(f"unknown stand-in template {name!r}; pick one of {sorted(TEMPLATES)}")
+    tok = build_tokenizer(TEMPLATES[name].read_text())
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[name], **_BOS_EOS.get(name, {})})
+    return tok
