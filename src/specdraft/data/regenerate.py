@@ -3,17 +3,30 @@
 A draft learns the distribution it is trained on; at serving time it only ever sees the target's text.
 So, as every trainer in the field offers, the user turns are kept and each assistant reply is produced by
 the target itself, turn by turn (turn 2 follows the target's reply to turn 1), through the target's chat
-template. The output is a conversations jsonl that `specdraft prepare` reads as is.
+template (or `--chat-template`, with `--chat-template-kwargs`, as `prepare` takes them; both engines get the
+prompt as token ids rendered by the target's tokenizer here, with the conversation's `tools`). The output
+is a conversations jsonl that `specdraft prepare` reads as is (prepare it with the same template flags).
+
+Reasoning: a reply that starts with a `<think>...</think>` block, or that closes with `</think>` the think
+block the prompt opened (templates that force thinking), is written with the reasoning as the message's
+`reasoning_content` and the rest as its `content` (prepare trains on both); a reply cut at the token limit
+inside its reasoning is all reasoning. Replies with reasoning are counted.
+
+Tool calls: no tool is run here, so only the assistant turns whose context needs no fresh tool result are
+regenerated: a conversation ends before the first user turn that the data answers with a tool call (the
+turns before it regenerated, the rest dropped; with none before it, the conversation is not written). Such
+conversations are counted (`tool_cut`). A regenerated reply that itself calls a tool is kept as text.
 
 Files of OUT:
     chunk-{k:05d}.jsonl   the regenerated conversations k*C .. (k+1)*C-1 of the usable input, written
                           atomically: a chunk is there whole or not at all
     .chunk-{k:05d}.totals.json  that chunk's totals, written just before the chunk (a chunk counts as done
                           only with both files: one without its totals is generated again)
-    regenerate.json       the settings and input fingerprint, written once the engine runs (a rerun with other
-                          settings is refused while a chunk is there; a run that wrote no chunk may start
-                          over with other settings), then the totals: replies by stop reason, tokens, dropped
-                          records by reason
+    regenerate.json       the settings (the chat template's hash and kwargs among them) and input fingerprint,
+                          written once the engine runs (a rerun with other settings is refused while a chunk is
+                          there; a run that wrote no chunk may start over with other settings), then the
+                          totals: replies by stop reason, replies with reasoning, tokens, conversations cut at a
+                          tool call, dropped records by reason
     conversations.jsonl   all chunks in input order, written when the last chunk is done
 
 Resume: rerun the same command; chunks already written are kept, the rest generated. Each chunk draws
@@ -24,21 +37,27 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from specdraft.data.prepare import ReadReport, _describe_drops, normalize, read_conversations
+from specdraft.data.messages import Conversation, normalize_record
+from specdraft.data.prepare import ReadReport, _describe_drops, read_conversations
+from specdraft.data.render import choose_template, template_identity
 from specdraft.fileio import DirLock, atomic_write_text, changed_settings, file_hash
 from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
 SETTINGS_FILE = "regenerate.json"
 OUTPUT_FILE = "conversations.jsonl"
 END_OF_TURN, LENGTH = "end_of_turn", "length"
+_OPEN_THINK = re.compile(r"\s*<think>")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 @dataclass(frozen=True)
@@ -47,7 +66,17 @@ class Sampling:
 
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass
-    max_new_tokens: int = 512  # reply length cap; a reply cut there is recorded with stop reason `length`
+    max_new_tokens: int = 512  # reply length cap (0: up to the context); a reply cut there has stop `length`
+
+
+@dataclass
+class Prompting:
+    """How prompts are rendered and how long they (and the replies) may be."""
+
+    tokenizer: Any  # the target's tokenizer, with the chosen chat template
+    kwargs: dict  # --chat-template-kwargs
+    max_prompt_tokens: int  # a conversation ends before a turn whose prompt would be longer
+    context: int = 0  # the target's context length: a reply's bound when max_new_tokens is 0
 
 
 @dataclass
@@ -64,22 +93,25 @@ class Totals:
 
     conversations: int = 0
     replies: dict[str, int] = field(default_factory=lambda: {END_OF_TURN: 0, LENGTH: 0})
+    with_reasoning: int = 0  # replies written with reasoning_content
     reply_tokens: int = 0
     cut_short: int = 0  # conversations ended early because the next prompt was too long
+    tool_cut: int = 0  # conversations ended before their first tool call (see the module docstring)
 
 
 class HFGenerator:
     """Batched generation with transformers: left padding, KV cache, stop at any end-of-turn id."""
 
-    def __init__(self, target, stop_ids: tuple[int, ...]):
-        self.model = target.model
+    def __init__(self, model, pad_id: int | None, stop_ids: tuple[int, ...]):
+        self.model = model
         self.stop_ids = stop_ids
-        tok = target.tokenizer
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop_ids[0]
+        self.pad_id = pad_id if pad_id is not None else stop_ids[0]
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: Sampling, seed: int) -> list[list[int]]:
-        """The new tokens of each prompt (up to and including a stop id, then padding, or max_new_tokens)."""
+    def generate(
+        self, prompts: list[list[int]], max_new: list[int], sampling: Sampling, seed: int
+    ) -> list[list[int]]:
+        """The new tokens of each prompt (up to and including a stop id, then padding), at most its `max_new`."""
         device = self.model.device
         T = max(len(p) for p in prompts)
         ids = torch.full(
@@ -94,7 +126,7 @@ class HFGenerator:
         out = self.model.generate(
             input_ids=ids,
             attention_mask=att,
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=max(max_new),
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
@@ -102,7 +134,9 @@ class HFGenerator:
             eos_token_id=list(self.stop_ids),
             pad_token_id=self.pad_id,
         )
-        return [row.tolist() for row in out[:, T:]]  # (B, new)
+        return [
+            row.tolist()[:n] for row, n in zip(out[:, T:], max_new, strict=True)
+        ]  # (B, new) each cut to its cap
 
 
 def _cut(new: list[int], stop_ids: tuple[int, ...]) -> Reply:
@@ -113,53 +147,113 @@ def _cut(new: list[int], stop_ids: tuple[int, ...]) -> Reply:
     return Reply(new, LENGTH)
 
 
-def render(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` rendered by the chat template, ending with the assistant's generation prompt."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def prompt_text(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None
+) -> str:
+    """`messages` (and `tools`) rendered by the chat template with its kwargs, ending with the generation prompt."""
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                         **(kwargs or {}))  # fmt: skip
+
+
+def render(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None
+) -> list[int]:
+    """Token ids of `prompt_text` (what both engines get as the prompt)."""
+    return list(
+        tokenizer(prompt_text(tokenizer, messages, tools, kwargs), add_special_tokens=False)["input_ids"]
+    )
+
+
+def split_reasoning(reply: str, opened: bool) -> tuple[str, str]:
+    """(reasoning, content) of a decoded reply; reasoning is "" when the reply has none.
+
+    `opened`: the prompt ended with an open `<think>`, so the reasoning runs to the reply's `</think>`;
+    otherwise only a reply that starts with `<think>` has reasoning. Without a `</think>` (a reply cut at the
+    token limit) all of it is reasoning."""
+    if not opened:
+        m = _OPEN_THINK.match(reply)
+        if not m:
+            return "", reply.strip()
+        reply = reply[m.end() :]
+    reasoning, _, content = reply.partition("</think>")
+    return reasoning.strip(), content.strip()
+
+
+def plain_user_turns(messages: list[dict]) -> list[dict]:
+    """The user turns that need no tool: those before the first one the data answers with a tool call."""
+    users = []
+    for i, m in enumerate(messages):
+        if m["role"] != "user":
+            continue
+        answer = messages[i + 1] if i + 1 < len(messages) else {}
+        if answer.get("tool_calls") or answer.get("role") == "tool":
+            return users
+        users.append(m)
+    return users
 
 
 def regenerate_chunk(
-    convs: list[list[dict]], gen, tokenizer, sampling: Sampling, turns: str, max_prompt_tokens: int, seed: int
-) -> tuple[list[list[dict]], Totals]:
+    convs: list[Conversation], gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int
+) -> tuple[list[Conversation], Totals]:
     """Regenerate a chunk of conversations turn by turn, all conversations of the chunk batched per turn.
 
-    Each conversation keeps its leading system message and its user turns; turn j's prompt is the
-    conversation so far with the target's own earlier replies. A conversation whose next prompt exceeds
-    `max_prompt_tokens` ends at the turns already done (dropped if none is).
+    Each conversation keeps its leading system message, its tools and its user turns up to the first the data
+    answers with a tool call (`plain_user_turns`); turn j's prompt is the conversation so far with the
+    target's own earlier replies. A conversation whose next prompt exceeds `max_prompt_tokens` (or, with
+    max_new_tokens 0, leaves no room in the context) ends at the turns already done (dropped if none is).
     """
     tot = Totals()
-    users = [[m for m in c if m["role"] == "user"] for c in convs]
-    if turns == "first":
-        users = [u[:1] for u in users]
-    done = [[m for m in c[:1] if m["role"] == "system"] for c in convs]
+    users = []
+    for c in convs:
+        kept, wanted = plain_user_turns(c.messages), sum(m["role"] == "user" for m in c.messages)
+        if turns == "first":
+            kept, wanted = kept[:1], 1
+        tot.tool_cut += len(kept) < wanted
+        users.append(kept)
+    done = [[m for m in c.messages[:1] if m["role"] == "system"] for c in convs]
     alive = list(range(len(convs)))
-    for j in range(max(len(u) for u in users)):
-        batch, prompts = [], []
+    for j in range(max((len(u) for u in users), default=0)):
+        batch, prompts, caps, opened = [], [], [], []
         for i in alive:
             if j >= len(users[i]):
                 continue
-            p = render(tokenizer, done[i] + [users[i][j]])
-            if len(p) > max_prompt_tokens:
+            text = prompt_text(prompting.tokenizer, done[i] + [users[i][j]], convs[i].tools, prompting.kwargs)
+            p = list(prompting.tokenizer(text, add_special_tokens=False)["input_ids"])
+            cap = sampling.max_new_tokens or prompting.context - len(p)
+            if len(p) > prompting.max_prompt_tokens or cap < 1:
                 tot.cut_short += 1
                 continue
             batch.append(i)
             prompts.append(p)
+            caps.append(cap)
+            opened.append(text.rstrip().endswith("<think>"))
         if not batch:
             break
-        new = gen.generate(prompts, sampling, seed * 1_000_003 + j)
-        for i, r in zip(batch, (_cut(ids, gen.stop_ids) for ids in new), strict=True):
-            done[i] += [users[i][j], {"role": "assistant", "content": tokenizer.decode(r.ids).strip()}]
+        new = gen.generate(prompts, caps, sampling, seed * 1_000_003 + j)
+        for i, ids, o in zip(batch, new, opened, strict=True):
+            r = _cut(ids, gen.stop_ids)
+            reasoning, content = split_reasoning(prompting.tokenizer.decode(r.ids), o)
+            reply = {
+                "role": "assistant",
+                **({"reasoning_content": reasoning} if reasoning else {}),
+                "content": content,
+            }
+            done[i] += [users[i][j], reply]
             tot.replies[r.stop] += 1
+            tot.with_reasoning += bool(reasoning)
             tot.reply_tokens += len(r.ids)
         alive = batch
-    out = [d for d in done if any(m["role"] == "assistant" for m in d)]
+    out = [
+        Conversation(d, c.tools)
+        for d, c in zip(done, convs, strict=True)
+        if any(m["role"] == "assistant" for m in d)
+    ]
     tot.conversations = len(out)
     return out, tot
 
 
 def _settings(data: Path, target: str, sampling: Sampling, turns: str, max_samples: int, chunk: int, seed: int,
-              max_prompt_tokens: int) -> dict:  # fmt: skip
+              max_prompt_tokens: int, template: dict) -> dict:  # fmt: skip
     return {
         "source": str(data.resolve()),
         "source_hash": file_hash(data),
@@ -170,6 +264,7 @@ def _settings(data: Path, target: str, sampling: Sampling, turns: str, max_sampl
         "chunk_size": chunk,
         "seed": seed,
         "max_prompt_tokens": max_prompt_tokens,
+        **template,  # chat_template_sha256, chat_template_kwargs
     }
 
 
@@ -178,34 +273,77 @@ def _chunk_done(out: Path, k: int) -> bool:
     return (out / f"chunk-{k:05d}.jsonl").exists() and (out / f".chunk-{k:05d}.totals.json").exists()
 
 
-def _check_resume(out: Path, settings: dict) -> None:
-    """Refuse other settings than those of the chunks already in `out` (none there: any settings start over)."""
+def _check_resume(out: Path, settings: dict, defaults: dict) -> None:
+    """Refuse other settings than those of the chunks already in `out` (none there: any settings start over).
+
+    `defaults`: what a setting missing from the record (a run recorded before it existed) was."""
     f = out / SETTINGS_FILE
     if not f.exists() or not any(out.glob("chunk-*.jsonl")):
         return
     before = json.loads(f.read_text())["settings"]
-    diff = changed_settings(before, settings)
+    diff = changed_settings(before, settings, defaults)
     if diff:
         shown = ", ".join(f"{k}: {was!r} -> {now!r}" for k, was, now in diff)
         raise ValueError(f"{out} holds a regeneration with other settings ({shown}); rerun with the earlier "
                          "settings to resume, or choose another output directory")  # fmt: skip
 
 
-def _usable(data: Path, max_samples: int) -> tuple[list[list[dict]], ReadReport]:
+def _usable(data: Path, max_samples: int) -> tuple[list[Conversation], ReadReport]:
     report = ReadReport()
     convs = []
     for rec, raw in read_conversations(data, report):
-        msgs, why = normalize(raw)
-        if msgs is None:
+        conv, why = normalize_record(raw)
+        if conv is None:
             report.drop(why, rec)
             continue
-        convs.append(msgs)
+        convs.append(conv)
         if max_samples and len(convs) >= max_samples:
             break
     if not convs:
         raise ValueError(f"{data}: no usable conversation ({_describe_drops(report) or 'the file is empty'}); "
                          "each needs a user turn and an assistant turn")  # fmt: skip
     return convs, report
+
+
+def _check_args(src: Path, data: str, engine: str, sampling: Sampling, turns: str, chunk_size: int,
+                max_prompt_tokens: int, chat_template: str, chat_template_kwargs: str, dtype: str,
+                tensor_parallel_size: int, engine_args: str) -> dict:  # fmt: skip
+    """Every bad argument in one ValueError, before anything loads; returns the parsed --engine-args."""
+    from specdraft.engine.options import parse_engine_args
+    from specdraft.fileio import DTYPES
+
+    errors = []
+    if turns not in ("first", "all"):
+        errors.append(f"--turns must be `first` or `all`, not {turns!r}")
+    if engine not in ("auto", "hf", "vllm"):
+        errors.append(f"--engine must be `auto`, `hf` or `vllm`, not {engine!r}")
+    if engine == "hf" and (tensor_parallel_size != 1 or engine_args):
+        errors.append("--tensor-parallel-size and --engine-args apply to --engine vllm only")
+    extra = {}
+    try:
+        extra = parse_engine_args(engine_args)
+    except ValueError as e:
+        errors.append(str(e))
+    try:
+        choose_template(
+            SimpleNamespace(), chat_template, chat_template_kwargs
+        )  # the values alone, no tokenizer yet
+    except (ValueError, FileNotFoundError) as e:
+        errors.append(str(e))
+    if dtype not in DTYPES:
+        errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    if sampling.max_new_tokens < 0:
+        errors.append(f"--max-new-tokens must be at least 0 (0: up to the target's context), not {sampling.max_new_tokens}")  # fmt: skip
+    for name, v in (("chunk-size", chunk_size), ("max-prompt-tokens", max_prompt_tokens)):
+        if v < 1:
+            errors.append(f"--{name} must be at least 1, not {v}")
+    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+        errors.append(f"--temperature must be >= 0 and --top-p in (0, 1], not {sampling.temperature} and {sampling.top_p}")  # fmt: skip
+    if not src.is_file():
+        errors.append(f"{data}: no such file (give a conversations file, or `sharegpt`)")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return extra
 
 
 def regenerate(
@@ -221,6 +359,8 @@ def regenerate(
     seed: int = 0,
     chunk_size: int = 32,
     max_prompt_tokens: int = 2048,
+    chat_template: str = "",
+    chat_template_kwargs: str = "",
     device: str = "cpu",
     dtype: str = "float32",
     tensor_parallel_size: int = 1,
@@ -230,19 +370,24 @@ def regenerate(
     """Replace each assistant reply with the target's own, turn by turn; resumable (rerun the same command).
 
     Args:
-        data: conversations (jsonl, JSON array, ShareGPT; `sharegpt` = the bundled ShareGPT file).
+        data: conversations (jsonl, JSON array, ShareGPT; `sharegpt` = the bundled ShareGPT file). A conversation
+            ends before its first tool call (no tool is run); reasoning replies keep it as `reasoning_content`.
         out: output directory: chunk files, regenerate.json and, when done, conversations.jsonl.
         target: the target model (a directory, or `smollm2-135m`, the embedded default).
         engine: `vllm` (batched, the fast path), `hf` (transformers batched generation), or `auto`: vLLM when
             installed. Greedy replies are the same either way.
         temperature: sampling temperature (0 = greedy).
         top_p: nucleus sampling mass.
-        max_new_tokens: reply length cap (a reply cut there is recorded with stop reason `length`).
+        max_new_tokens: reply length cap (a reply cut there is recorded with stop reason `length`); 0 = up to
+            the target's context: max_position_embeddings of its config minus each prompt's length.
         max_samples: use only the first N usable conversations (0 = all).
         turns: `first` (only the first user turn) or `all` (every user turn, each after the target's reply).
         seed: sampling seed (each chunk and turn derives its own from it).
         chunk_size: conversations per chunk file (the unit of resume).
         max_prompt_tokens: a conversation ends before a turn whose prompt would be longer.
+        chat_template: a Jinja chat template (a file, or the template text) instead of the tokenizer's own.
+        chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": true}'; prepare the
+            output with the same template flags.
         device: cpu or cuda.
         dtype: float32 (CPU) or bfloat16 (GPU).
         tensor_parallel_size: vLLM: GPUs the target is split over.
@@ -250,42 +395,29 @@ def regenerate(
         trust_remote_code: allow model code shipped with the target.
     """
     from specdraft.data.prepare import sharegpt_path
-    from specdraft.engine.options import parse_engine_args
-    from specdraft.fileio import DTYPES
-    from specdraft.targets import locate_target
+    from specdraft.targets import load_tokenizer, locate_target
 
-    errors = []
-    if turns not in ("first", "all"):
-        errors.append(f"--turns must be `first` or `all`, not {turns!r}")
-    if engine not in ("auto", "hf", "vllm"):
-        errors.append(f"--engine must be `auto`, `hf` or `vllm`, not {engine!r}")
-    if engine == "hf" and (tensor_parallel_size != 1 or engine_args):
-        errors.append("--tensor-parallel-size and --engine-args apply to --engine vllm only")
-    extra = {}
-    try:
-        extra = parse_engine_args(engine_args)
-    except ValueError as e:
-        errors.append(str(e))
-    if dtype not in DTYPES:
-        errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
-    for name, v in (("max-new-tokens", max_new_tokens), ("chunk-size", chunk_size), ("max-prompt-tokens", max_prompt_tokens)):  # fmt: skip
-        if v < 1:
-            errors.append(f"--{name} must be at least 1, not {v}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        errors.append(f"--temperature must be >= 0 and --top-p in (0, 1], not {temperature} and {top_p}")
     src = sharegpt_path() if data == "sharegpt" else Path(data)
-    if not src.is_file():
-        errors.append(f"{data}: no such file (give a conversations file, or `sharegpt`)")
-    if errors:
-        raise ValueError("; ".join(errors))
+    sampling = Sampling(temperature, top_p, max_new_tokens)
+    extra = _check_args(src, data, engine, sampling, turns, chunk_size, max_prompt_tokens, chat_template,
+                        chat_template_kwargs, dtype, tensor_parallel_size, engine_args)  # fmt: skip
     # a missing or empty target is named here, before any engine is chosen
     target_dir = locate_target(target, need="config")
-
+    tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    recorded_before = template_identity(
+        tokenizer, {}
+    )  # what runs recorded before these settings rendered with
+    kwargs = choose_template(tokenizer, chat_template, chat_template_kwargs)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{target}: its tokenizer has no chat template; pass --chat-template (a Jinja file or "
+                         "string) or use the model's instruct/chat variant")  # fmt: skip
+    context = _context_length(target, trust_remote_code) if max_new_tokens == 0 else 0
+    prompting = Prompting(tokenizer, kwargs, max_prompt_tokens, context)
     root = Path(out)
-    sampling = Sampling(temperature, top_p, max_new_tokens)
-    settings = _settings(src, target, sampling, turns, max_samples, chunk_size, seed, max_prompt_tokens)
+    settings = _settings(src, target, sampling, turns, max_samples, chunk_size, seed, max_prompt_tokens,
+                         template_identity(tokenizer, kwargs))  # fmt: skip
     with DirLock(root, "regeneration"):
-        _check_resume(root, settings)
+        _check_resume(root, settings, recorded_before)
         convs, report = _usable(src, max_samples)
         chunks = [convs[i : i + chunk_size] for i in range(0, len(convs), chunk_size)]
         todo = [k for k in range(len(chunks)) if not _chunk_done(root, k)]
@@ -293,20 +425,34 @@ def regenerate(
             if engine == "auto":
                 engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
             if engine == "vllm":
-                gen, tokenizer = _vllm_generator(target, target_dir, dtype, max_prompt_tokens + max_new_tokens,
-                                                 tensor_parallel_size, seed, trust_remote_code, extra)  # fmt: skip
+                max_model_len = context or max_prompt_tokens + max_new_tokens
+                gen = _vllm_generator(target, target_dir, tokenizer, dtype, max_model_len, tensor_parallel_size,
+                                      seed, trust_remote_code, extra)  # fmt: skip
             else:
-                gen, tokenizer = _hf_generator(target, device, dtype, trust_remote_code)
+                gen = _hf_generator(target, tokenizer, device, dtype, trust_remote_code)
             # recorded once the engine runs: a run that failed to start holds no settings
             started = {"settings": settings, "done": False}
             atomic_write_text(root / SETTINGS_FILE, json.dumps(started, indent=1))
             print(f"regenerate: {len(todo)} of {len(chunks)} chunks to generate with {engine}", flush=True)
             try:
-                _run_chunks(root, chunks, todo, gen, tokenizer, sampling, turns, max_prompt_tokens, seed)
+                _run_chunks(root, chunks, todo, gen, prompting, sampling, turns, seed)
             finally:
                 if hasattr(gen, "close"):
                     gen.close()  # the engine's memory back before the next stage loads anything
         return _finish(root, settings, len(chunks), report)
+
+
+def _context_length(target: str, trust_remote_code: bool) -> int:
+    """The target's context length (max_position_embeddings of its text config): --max-new-tokens 0's bound."""
+    from specdraft.targets import load_text_config
+
+    cfg = load_text_config(target, trust_remote_code=trust_remote_code)
+    for key in _CONTEXT_KEYS:
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise ValueError(f"{target}: its config names no context length ({', '.join(_CONTEXT_KEYS)}), so "
+                     "--max-new-tokens 0 has no bound; give --max-new-tokens N")  # fmt: skip
 
 
 def _stops(target: str, tokenizer, generation_config) -> tuple[int, ...]:
@@ -317,35 +463,39 @@ def _stops(target: str, tokenizer, generation_config) -> tuple[int, ...]:
     return stops
 
 
-def _hf_generator(target: str, device: str, dtype: str, trust_remote_code: bool) -> tuple[HFGenerator, Any]:
-    """(HFGenerator, tokenizer) for `target`, loaded with transformers."""
+def _hf_generator(target: str, tokenizer, device: str, dtype: str, trust_remote_code: bool) -> HFGenerator:
+    """An HFGenerator for `target`, loaded with transformers (`tokenizer` is the target's, already loaded)."""
     from specdraft.targets import load_target
 
-    tgt = load_target(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    return HFGenerator(tgt, _stops(target, tgt.tokenizer, tgt.model.generation_config)), tgt.tokenizer
+    tgt = load_target(
+        target, device=device, dtype=dtype, trust_remote_code=trust_remote_code, with_tokenizer=False
+    )
+    return HFGenerator(
+        tgt.model, tokenizer.pad_token_id, _stops(target, tokenizer, tgt.model.generation_config)
+    )
 
 
-def _vllm_generator(target: str, target_dir: Path, dtype: str, max_model_len: int, tp: int, seed: int,
+def _vllm_generator(target: str, target_dir: Path, tokenizer, dtype: str, max_model_len: int, tp: int, seed: int,
                     trust_remote_code: bool, engine_args: dict):  # fmt: skip
-    """(VLLMGenerator, tokenizer) for `target`, found at `target_dir` (the embedded default's converted dir)."""
+    """A VLLMGenerator for `target`, found at `target_dir` (the embedded default's converted dir); it gets
+    prompts as token ids rendered by `tokenizer` here, so the chosen template and kwargs apply as with hf."""
     from specdraft.data.vllm_replies import VLLMGenerator
-    from specdraft.targets import load_tokenizer, read_generation_config
+    from specdraft.targets import read_generation_config
 
-    tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
     stops = _stops(target, tokenizer, read_generation_config(target_dir))
-    gen = VLLMGenerator(str(target_dir), stops, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tp,
-                        seed=seed, trust_remote_code=trust_remote_code, engine_args=engine_args)  # fmt: skip
-    return gen, tokenizer
+    return VLLMGenerator(str(target_dir), stops, dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tp,
+                         seed=seed, trust_remote_code=trust_remote_code, engine_args=engine_args)  # fmt: skip
 
 
-def _run_chunks(root: Path, chunks, todo, gen, tokenizer, sampling, turns, max_prompt_tokens, seed) -> None:
+def _run_chunks(
+    root: Path, chunks, todo, gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int
+) -> None:
     bar = tqdm(total=sum(len(chunks[k]) for k in todo), unit="conv", desc="regenerate", mininterval=1.0)
     t0, ntok = time.time(), 0
     for k in todo:
-        convs, tot = regenerate_chunk(
-            chunks[k], gen, tokenizer, sampling, turns, max_prompt_tokens, seed * 100_003 + k
-        )
-        lines = "".join(json.dumps({"messages": c, "chunk": k}) + "\n" for c in convs)
+        convs, tot = regenerate_chunk(chunks[k], gen, prompting, sampling, turns, seed * 100_003 + k)
+        lines = "".join(json.dumps({"messages": c.messages, **({"tools": c.tools} if c.tools else {}), "chunk": k})
+                        + "\n" for c in convs)  # fmt: skip
         # the totals first: a chunk without them counts as not done (_chunk_done)
         atomic_write_text(root / f".chunk-{k:05d}.totals.json", json.dumps(asdict(tot)))
         atomic_write_text(root / f"chunk-{k:05d}.jsonl", lines)
@@ -362,9 +512,10 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
     for k in range(n_chunks):
         parts.append((root / f"chunk-{k:05d}.jsonl").read_text())
         t = json.loads((root / f".chunk-{k:05d}.totals.json").read_text())
-        total.conversations += t["conversations"]
-        total.reply_tokens += t["reply_tokens"]
-        total.cut_short += t["cut_short"]
+        for name in ("conversations", "with_reasoning", "reply_tokens", "cut_short", "tool_cut"):
+            setattr(
+                total, name, getattr(total, name) + t.get(name, 0)
+            )  # a chunk written before a total existed: 0
         for s, n in t["replies"].items():
             total.replies[s] += n
     atomic_write_text(root / OUTPUT_FILE, "".join(parts))
@@ -372,7 +523,11 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
             "dropped": {r: len(v) for r, v in report.dropped.items()}}  # fmt: skip
     atomic_write_text(root / SETTINGS_FILE, json.dumps(meta, indent=1))
     drops = _describe_drops(report)
+    kwargs = settings["chat_template_kwargs"]
     print(f"regenerate: {total.conversations} conversations, {sum(total.replies.values())} replies "
-          f"({total.replies[END_OF_TURN]} ended their turn, {total.replies[LENGTH]} cut at the token limit), "
-          f"{total.reply_tokens} reply tokens -> {root / OUTPUT_FILE}" + (f"; dropped: {drops}" if drops else ""))  # fmt: skip
+          f"({total.replies[END_OF_TURN]} ended their turn, {total.replies[LENGTH]} cut at the token limit, "
+          f"{total.with_reasoning} with reasoning), {total.reply_tokens} reply tokens -> {root / OUTPUT_FILE}"
+          + (f"; {total.tool_cut} conversations ended before their first tool call" if total.tool_cut else "")
+          + (f"; chat template kwargs {json.dumps(kwargs)} (prepare with the same)" if kwargs else "")
+          + (f"; dropped: {drops}" if drops else ""))  # fmt: skip
     return root / OUTPUT_FILE

@@ -1,8 +1,9 @@
 """Replies from vLLM for `specdraft regenerate --engine vllm`: the batched fast path.
 
-The same interface as `regenerate.HFGenerator` (`generate(prompts, sampling, seed) -> list[list[int]]`, the new
-tokens of each prompt), so the turn-by-turn logic, the stop rule, chunking and resume are shared. Every vLLM call goes through the engine contract
-(`specdraft.engine.contract`): `doctor` checks these entry points before any weights load.
+The same interface as `regenerate.HFGenerator` (`generate(prompts, max_new, sampling, seed) -> list[list[int]]`,
+the new tokens of each prompt, each at most its cap), so the prompt rendering (our tokenizer, the chosen chat
+template and kwargs), the turn-by-turn logic, the stop rule, chunking and resume are shared. Every vLLM call
+goes through the engine contract (`specdraft.engine.contract`): `doctor` checks these entry points before any weights load.
 """
 
 from __future__ import annotations
@@ -54,13 +55,18 @@ class VLLMGenerator:
             lambda: engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)
         )
 
-    def generate(self, prompts: list[list[int]], sampling, seed: int) -> list[list[int]]:
-        """The new tokens of each prompt (up to and including a stop id, or `max_new_tokens` of them)."""
+    def generate(self, prompts: list[list[int]], max_new: list[int], sampling, seed: int) -> list[list[int]]:
+        """The new tokens of each prompt (up to and including a stop id, or its `max_new` of them).
+
+        `prompts` are token ids rendered by the target's tokenizer in regenerate (its chosen chat template and
+        kwargs): the engine's own tokenizer and template are never used."""
         greedy = sampling.temperature <= 0
-        sp = engines.call("vllm.SamplingParams.replies", max_tokens=sampling.max_new_tokens,
-                          temperature=0.0 if greedy else sampling.temperature,
-                          top_p=1.0 if greedy else sampling.top_p, seed=seed,
-                          stop_token_ids=list(self.stop_ids), detokenize=False)  # fmt: skip
+        params = {n: engines.call("vllm.SamplingParams.replies", max_tokens=n,
+                                  temperature=0.0 if greedy else sampling.temperature,
+                                  top_p=1.0 if greedy else sampling.top_p, seed=seed,
+                                  stop_token_ids=list(self.stop_ids), detokenize=False)
+                  for n in sorted(set(max_new))}  # fmt: skip
+        sp = [params[n] for n in max_new]  # one per prompt: each reply has its own length cap
         reqs = [engines.call("vllm.TokensPrompt", prompt_token_ids=[int(t) for t in p]) for p in prompts]
         outs = engines.call_method(self.llm, "vllm.LLM.generate", reqs, sp, use_tqdm=False)
         assert len(outs) == len(prompts), (len(outs), len(prompts))
