@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -89,11 +89,27 @@ def loss_part(mask: torch.Tensor, part: int, parts: int) -> torch.Tensor:
     return mask * (on & (rank * parts // n == part))  # (B, T)
 
 
+def part_share(n: int, part: int, parts: int) -> int:
+    """Share `part` of `parts` of a count `n`: near-equal integers that add up to `n` (a batch's tokens
+    over its --steps-per-batch steps)."""
+    assert 0 <= part < parts
+    return n * (part + 1) // parts - n * part // parts
+
+
 def load_rows(
     source, sids: list[int], rank: int, world: int, max_length: int, all_tokens: bool = False
 ) -> Batch:
-    """This rank's rows (`sids[rank::world]`) of a global batch, loaded and collated (`collate`)."""
-    return collate(source.load(sids[rank::world]), max_length, all_tokens)
+    """This rank's rows (`sids[rank::world]`) of a global batch, loaded and collated (`collate`).
+
+    A rank with no row (a validation batch of fewer samples than ranks) gets a zero-weight stand-in: the
+    batch's first sample with an all-zero loss mask and 0 tokens. It runs the same forward passes as the
+    other ranks (FSDP gathers the weights in them: every rank must take part) and counts nothing.
+    """
+    rows = sids[rank::world]
+    if not rows:
+        b = collate(source.load(sids[:1]), max_length)
+        return replace(b, loss_mask=torch.zeros_like(b.loss_mask), tokens=0)
+    return collate(source.load(rows), max_length, all_tokens)
 
 
 def _to_device(b: Batch, device: torch.device) -> Batch:
@@ -103,19 +119,25 @@ def _to_device(b: Batch, device: torch.device) -> Batch:
 
 
 def plan_batches(
-    sids: list[int], lengths: dict[int, int], max_tokens: int, world: int, seed: int | None
+    sids: list[int],
+    lengths: dict[int, int],
+    max_tokens: int,
+    world: int,
+    seed: int | None,
+    keep_short: bool = False,
 ) -> list[list[int]]:
     """Length-grouped global batches within `max_tokens` padded tokens; shuffled when `seed` is given.
 
     Samples are shuffled, then stably sorted by length and cut greedily; the batch order is shuffled.
-    Batches with fewer samples than ranks are dropped (every rank needs at least one sample).
+    Batches with fewer samples than ranks are dropped (a training step needs a sample on every rank) unless
+    `keep_short` (validation: a rank without a row runs `load_rows`'s zero-weight stand-in).
     """
     order = list(sids)
     rng = random.Random(seed) if seed is not None else None
     if rng:
         rng.shuffle(order)
     order.sort(key=lambda s: lengths[s])
-    batches = [b for b in token_batches(order, lengths, max_tokens) if len(b) >= world]
+    batches = [b for b in token_batches(order, lengths, max_tokens) if keep_short or len(b) >= world]
     if rng:
         rng.shuffle(batches)
     return batches

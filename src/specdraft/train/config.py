@@ -43,7 +43,7 @@ class TrainConfig:
     warmup_ratio: float = 0.015  # warmup length as a fraction of all steps
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 0.5  # clip the global gradient norm to this (0 = off)
-    ema: float = 0.0  # keep a moving average of the weights (this decay a step): final/ holds it (0 = off)
+    ema: float = 0.0  # final/ holds a moving average of the weights: step s of t weighted EMA**(t-s), bias-corrected (normalised; the init has no weight) (0 = off)
     val_fraction: float = 0.02  # share of samples held out for validation (at least 1 when > 0)
     val_every: int = 0  # validate every N steps (0 = only before and after training)
     log_every: int = 1  # write a metrics record every N steps

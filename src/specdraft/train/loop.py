@@ -26,7 +26,15 @@ from torch import nn
 
 from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import EMBED_KEY, latest_checkpoint, load_draft, save_draft
-from specdraft.train.batches import Batch, _plan_hash, _to_device, load_rows, loss_part, plan_batches
+from specdraft.train.batches import (
+    Batch,
+    _plan_hash,
+    _to_device,
+    load_rows,
+    loss_part,
+    part_share,
+    plan_batches,
+)
 from specdraft.train.checkpoint import (
     _draft_from_state,
     _full_states,
@@ -85,7 +93,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     info: dict  # settings, ranks, plan hash, provenance: recorded in every checkpoint's train_state.pt
-    ema: list[torch.Tensor] = field(default_factory=list)  # --ema: the moving average of `params`, else []
+    ema: list[torch.Tensor] = field(default_factory=list)  # --ema: the average of `params` (`_ema_update`)
 
     @property
     def sharded(self) -> bool:
@@ -112,6 +120,14 @@ class _Meter:
     padded: int = 0  # tokens including the padding of each rank's batch
     data_time: float = 0.0
     step_time: float = 0.0
+
+    def count(self, batch_n: torch.Tensor, part: int, parts: int) -> int:
+        """Count one step's tokens: share `part` of `parts` of its batch's global (data, padded) tokens
+        `batch_n` (2,); the --steps-per-batch steps of a batch count shares adding up to all of them."""
+        tokens = part_share(int(batch_n[0]), part, parts)
+        self.tokens += tokens
+        self.padded += part_share(int(batch_n[1]), part, parts)
+        return tokens
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -152,7 +168,9 @@ def _plan(st: _Setup, cfg: TrainConfig, world: int) -> tuple[list[list[int]], in
     total = per_epoch * cfg.epochs
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
-    val_batches = plan_batches(st.val_sids, st.lengths, cfg.max_tokens, world, None)
+    # every held-out sample is validated: a batch with fewer samples than ranks is kept (`load_rows` gives a
+    # rank without a row a zero-weight stand-in), so one val sample on 2 ranks is still validated
+    val_batches = plan_batches(st.val_sids, st.lengths, cfg.max_tokens, world, None, keep_short=True)
     return batches0, per_epoch, total, val_batches
 
 
@@ -183,7 +201,7 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
         "plan_hash": _plan_hash(batches0),
         "provenance": st.provenance,
     }
-    ema = [p.detach().clone() for p in params] if cfg.ema else []  # starts at the initial weights
+    ema = [p.detach().clone() for p in params] if cfg.ema else []  # the init: its weight is 0 (`ema_decay`)
     return _Run(cfg, out_dir, rank, world, device, amp_dtype, amp, st, batches0, per_epoch, total,
                 val_batches, model, wrapped, params, optimizer, scheduler, info, ema)  # fmt: skip
 
@@ -343,17 +361,41 @@ def _backward_step(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int],
                              f"last good checkpoint: {last_ckpt}. Lower --lr or check those samples")  # fmt: skip
     run.optimizer.step()
     run.scheduler.step()
-    with torch.no_grad():
-        for e, p in zip(run.ema, run.params):  # --ema: e = ema * e + (1 - ema) * p
-            e.lerp_(p, 1 - cfg.ema)
+    _ema_update(run, cur.step + 1)
     return gnorm
+
+
+def ema_decay(ema: float, t: int) -> float:
+    """--ema's decay at update t (t = 1 after the first optimizer step): 1 - (1 - ema) / (1 - ema**t).
+
+    Adam's bias correction, applied at each update: the plain average e_t = ema e + (1 - ema) w_t started
+    from 0 has weights summing to 1 - ema**t; the average kept is e_t / (1 - ema**t), which is this lerp
+    with decay 0 at t = 1 (the init gets no weight) tending to `ema`. So after t steps it is the weights
+    w_1..w_t weighted by ema**(t - s), normalised: a short run is its own steps, not mostly the random init
+    (a fixed decay left 0.99**30 = 74% of the init after 30 steps), and a long run is what a fixed decay
+    gave (after 462 steps at 0.99 the init's share was 1%).
+    """
+    assert t >= 1 and 0 < ema < 1
+    return 1 - (1 - ema) / (1 - ema**t)
+
+
+def _ema_update(run: _Run, t: int) -> None:
+    """--ema: e = d e + (1 - d) p, d = `ema_decay` at update t = the optimizer steps done, this one included.
+    t is the checkpoint's `step` (--resume restores it and the average): a resumed run goes on exactly."""
+    if not run.ema:
+        return
+    d = ema_decay(run.cfg.ema, t)
+    with torch.no_grad():
+        for e, p in zip(run.ema, run.params):
+            e.lerp_(p, 1 - d)
 
 
 def _train_record(
     run: _Run, step: int, kl_s, agree_s, counts: torch.Tensor, gnorm: float, tokens: int, meter: _Meter
 ) -> dict:
     """The metrics record of `step`: global per-TTT-step KL, accuracy (against the full-vocabulary argmax)
-    and out-of-vocabulary share, loss, lr, tokens/s, data share. counts (3, K) global."""
+    and out-of-vocabulary share, loss, lr, the step's data tokens (global; its share of the batch's with
+    --steps-per-batch), tokens/s, data share, pad share (since the last record). counts (3, K) global."""
     kl_g, ag_g = _all_sum(kl_s.float()), _all_sum(agree_s.float())  # (K,) global sums
     dt = time.time() - meter.t_log
     return {"split": "train", "step": step, "epoch": round(step / run.per_epoch, 4),
@@ -504,7 +546,7 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
     n_parts = cfg.steps_per_batch
     pending = pool.submit(_load, run, cur.plan[cur.idx // n_parts]) if pool else None
     meter = _Meter()
-    whole, tokens = None, 0
+    whole, batch_n = None, torch.zeros(2, dtype=torch.long)
     run.model.train()
     try:
         while cur.step < run.total:
@@ -514,10 +556,9 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             sids, part = cur.plan[cur.idx // n_parts], cur.idx % n_parts
             if whole is None or part == 0:
                 whole = _to_device(pending.result() if pending else _load(run, sids), run.device)
-                tokens, padded = (int(x) for x in _all_sum(torch.tensor([float(whole.tokens),
-                                                                         float(whole.input_ids.numel())])))  # fmt: skip
-                meter.tokens += tokens  # tokens of data: counted once per batch, when it is loaded
-                meter.padded += padded
+                # (2,) the batch's global data and padded tokens; the meter counts this step's share of them
+                batch_n = _all_sum(torch.tensor([whole.tokens, whole.input_ids.numel()]))  # int64: exact
+            tokens = meter.count(batch_n, part, n_parts)  # the tokens this step trains on
             nxt = _advance(run, cur)
             if pool and nxt.step < run.total and nxt.idx % n_parts == 0:
                 pending = pool.submit(_load, run, nxt.plan[nxt.idx // n_parts])
