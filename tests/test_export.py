@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import build_tiny_model
+from conftest import build_tiny_model, needs_vllm
 
 from specdraft.export import FORMATS, export, export_config, export_state, validate
 from specdraft.model.checkpoint import save_draft
@@ -164,3 +164,88 @@ def test_export_checks_its_target_exists(tmp_path, target):
     save_draft(make_draft(target), tmp_path / "d")
     with pytest.raises(ValueError, match="cannot read the target's config.*does not exist"):
         export(str(tmp_path / "d"), str(tmp_path / "out"), target="/nonexistent/target", check_vllm=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what an export states about its target: its architectures and bos/eos ids, and whether vLLM can serve it
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen_target(tmp_path_factory):
+    """A tiny random Qwen2 target saved with its own bos/eos ids (300/301, not Llama's 1/2)."""
+    model = build_tiny_model("qwen2")
+    model.config.bos_token_id, model.config.eos_token_id = 300, 301
+    d = tmp_path_factory.mktemp("tiny-qwen2")
+    model.save_pretrained(d)
+    return d, wrap_model(model, name=str(d))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_states_the_targets_architectures_and_special_ids(tmp_path, qwen_target, fmt):
+    """verifier.architectures is the target's (was always []); the layer's bos/eos are the target's (were
+    Llama's 1/2 for any target)."""
+    d, target = qwen_target
+    save_draft(make_draft(target), tmp_path / "d")
+    assert export(str(tmp_path / "d"), str(tmp_path / fmt), format=fmt, target=str(d), check_vllm=False) == 0
+    cfg = json.loads((tmp_path / fmt / "config.json").read_text())
+    layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+    assert (layer["bos_token_id"], layer["eos_token_id"]) == (300, 301)
+    if fmt == "speculators":
+        assert cfg["speculators_config"]["verifier"]["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def test_special_ids_come_from_the_config_then_the_generation_config(tmp_path, target):
+    """The config's ids first, else the generation config's (eos may be a list); none known: None, never 1/2."""
+    from conftest import tiny_config
+
+    from specdraft.export import target_facts
+
+    def facts(name, config_ids, generation):
+        d = tmp_path / name
+        cfg = tiny_config("qwen2")
+        cfg.architectures = ["Qwen2ForCausalLM"]
+        cfg.bos_token_id, cfg.eos_token_id = config_ids
+        cfg.save_pretrained(d)
+        (d / "generation_config.json").write_text(json.dumps(generation))
+        return target_facts(str(d))
+
+    both = facts("both", (300, 301), {"bos_token_id": 5, "eos_token_id": [6, 7]})
+    assert (both["bos_token_id"], both["eos_token_id"]) == (300, 301)
+    gen = facts("gen", (None, None), {"bos_token_id": 300, "eos_token_id": [301, 302]})
+    assert (gen["bos_token_id"], gen["eos_token_id"]) == (300, [301, 302])
+    none = facts("none", (None, None), {})
+    assert (none["bos_token_id"], none["eos_token_id"]) == (None, None)
+    assert none["architectures"] == ["Qwen2ForCausalLM"]
+    layer = export_config(make_draft(target).cfg, "speculators", "t", 3, "float32", none)[
+        "transformer_layer_config"
+    ]
+    assert layer["bos_token_id"] is None and layer["eos_token_id"] is None
+
+
+def test_no_vllm_serve_command_when_vllm_cannot_serve_the_target(tmp_path):
+    """With vLLM's refusal, export prints why and what serves it instead, and no `vllm serve` line."""
+    from specdraft.export import _serve_lines
+
+    why = "GemmaForCausalLM: SupportsEagle3: no; what to do: serve with SGLang"
+    spec = "\n".join(_serve_lines("runs/draft", "/t", tmp_path / "x", "speculators", 3, why))
+    assert "vllm serve" not in spec and f"vLLM cannot serve this draft: {why}" in spec
+    assert "specdraft export runs/draft OUT --format eagle3" in spec
+    eagle = "\n".join(_serve_lines("runs/draft", "/t", tmp_path / "x", "eagle3", 3, why))
+    assert "vllm serve" not in eagle and "sglang.launch_server --model-path /t" in eagle
+    fine = "\n".join(_serve_lines("runs/draft", "/t", tmp_path / "x", "speculators", 3, ""))
+    assert "vllm serve /t --speculative-config" in fine and "cannot" not in fine
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_export_of_a_draft_vllm_cannot_serve_prints_no_vllm_command(tmp_path, capsys):
+    """A Gemma target (vLLM's GemmaForCausalLM does not implement SupportsEagle3): the installed vLLM is asked,
+    and export says it cannot serve the draft instead of printing `vllm serve` commands that would fail."""
+    model = build_tiny_model("gemma")
+    d = tmp_path / "gemma"
+    model.save_pretrained(d)
+    target = wrap_model(model, name=str(d))
+    save_draft(make_draft(target), tmp_path / "d")
+    assert export(str(tmp_path / "d"), str(tmp_path / "out"), target=str(d)) == 0
+    out = capsys.readouterr().out
+    assert "vLLM cannot serve this draft" in out and "GemmaForCausalLM" in out
+    assert "vllm serve" not in out and "--format eagle3" in out

@@ -76,9 +76,9 @@ def test_dir_without_config_or_tokenizer(tmp_path, tiny_llama_dir):
         load_target(str(d))
     with pytest.raises(ValueError, match="has no tokenizer .looked for tokenizer.json"):
         load_tokenizer(str(d))
-    f = tmp_path / "model.gguf"
+    f = tmp_path / "model.gguf"  # a GGUF file is a target (tests/test_rough_targets.py); a cut one is refused
     f.write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="is a file, not a model directory"):
+    with pytest.raises(ValueError, match="model.gguf is a truncated GGUF file .4 bytes.: download it again"):
         load_target(str(f))
 
 

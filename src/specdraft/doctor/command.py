@@ -23,8 +23,9 @@ What is checked:
   that runs on CPU machines are breaks on a machine without a GPU.
 * **Environment**: torch / transformers / vLLM versions, devices and free memory (CPU always, GPU
   only when ``torch.cuda.is_available()``), free disk against the planned output size.
-* **Target config** (``config.json`` through ``AutoConfig``, no weights): aux layer ids in range,
-  ``trust_remote_code`` needed, multimodal wrapper, vocabulary size vs the draft vocabulary.
+* **Target config** (``config.json`` through ``AutoConfig``, no weights; a ``.gguf`` file not converted yet
+  is read from its header): aux layer ids in range (``--layers``, else those of ``--export``, else the
+  default), ``trust_remote_code`` needed, multimodal wrapper, vocabulary size vs the draft vocabulary.
 
 ``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that
 version's signatures statically with :mod:`ast` -- no import, no install, no GPU -- and reports which
@@ -274,20 +275,23 @@ def _environment(report: Report, planned_bytes: int, out_dir: str) -> str:
 
 
 def _target_dir(target: str, report: Report) -> Path | None:
+    """The target's local directory (a directory, a cached hub id, a converted GGUF file or the converted
+    embedded default), or None with the reason reported."""
     p = Path(target).expanduser()
     if (p / "config.json").is_file():
         return p
-    if p.exists():
-        report.problems.append(
-            Problem("target", target, "directory has no config.json", fix="point at an HF dir")
-        )
-        return None
     try:
-        from specdraft.targets import resolve_target_dir
+        from specdraft.targets import EMBEDDED_DEFAULT, locate_target, resolve_target_dir
     except ImportError:
         report.problems.append(Problem("target", target, "specdraft.targets is not available", "warning"))
         return None
-    d = resolve_target_dir(target)
+    try:
+        if target != EMBEDDED_DEFAULT:
+            return locate_target(target, need="config", convert=False)
+        d = resolve_target_dir(target)
+    except (FileNotFoundError, ValueError) as exc:  # each says what is wrong and the fix, in one line
+        report.problems.append(Problem("target", target, str(exc)))
+        return None
     if d is None:
         report.problems.append(
             Problem(
@@ -298,8 +302,91 @@ def _target_dir(target: str, report: Report) -> Path | None:
                 fix="run any command that loads the target once (e.g. specdraft extract)",
             )
         )
-        return None
-    return Path(d)
+    return d
+
+
+def _check_gguf_target(
+    target: str, report: Report, aux_layer_ids: Sequence[int] | None, draft_vocab_size: int | None
+) -> list[str]:
+    """A GGUF file not converted yet: its metadata read from the file's header (no weights, well under a
+    second), checked like a config; returns the architectures it converts to."""
+    from specdraft.targets import gguf_summary
+
+    try:
+        g = gguf_summary(target)
+    except (OSError, ValueError) as exc:
+        report.problems.append(Problem("target", target, str(exc)))
+        return []
+    archs = g["architectures"]
+    report.info["target"] = (
+        f"{Path(target).expanduser()} (GGUF file, converted once on first load; {', '.join(archs or ['?'])}, "
+        f"{g['num_hidden_layers']} layers, hidden {g['hidden_size']}, vocab {g['vocab_size']})"
+    )
+    if not archs:
+        report.problems.append(
+            Problem(
+                "target",
+                target,
+                f"GGUF architecture {g['model_type']!r} has no transformers causal-LM class: it cannot be converted",
+                fix="pass the model's Hugging Face directory instead",
+            )
+        )
+    _check_sizes(target, report, g["num_hidden_layers"], g["vocab_size"], aux_layer_ids, draft_vocab_size)
+    return archs
+
+
+def _check_sizes(
+    target: str,
+    report: Report,
+    n_layers: int | None,
+    vocab: int | None,
+    aux_layer_ids: Sequence[int] | None,
+    draft_vocab_size: int | None,
+) -> None:
+    """The aux layer ids against the target's depth, the draft vocabulary against the target's."""
+    if n_layers is None:
+        report.problems.append(Problem("target", target, "config has no num_hidden_layers"))
+    else:
+        ids = list(aux_layer_ids) if aux_layer_ids is not None else None
+        fix = (
+            "pass the draft's 3 aux layer ids with --layers (with --export DIR they are read from the export)"
+        )
+        if ids is None:
+            try:
+                from specdraft.targets import default_aux_layer_ids
+
+                ids = list(default_aux_layer_ids(n_layers))
+            except ImportError:
+                ids = [2, n_layers // 2, n_layers - 3]
+            except ValueError as exc:
+                report.problems.append(Problem("target", target, str(exc), fix=fix))
+                ids = []
+        bad = [i for i in ids if not 0 <= i < n_layers]
+        if bad:
+            report.problems.append(
+                Problem(
+                    "target",
+                    target,
+                    f"aux layer ids {bad} out of range [0, {n_layers - 1}] for a {n_layers}-layer target",
+                    fix=f"pick ids in [0, {n_layers - 1}] (id {n_layers} is the final capture)",
+                )
+            )
+        elif ids and len(set(ids)) != 3:
+            report.problems.append(
+                Problem(
+                    "target", target, f"aux layer ids {ids} are not 3 distinct ids (EAGLE-3 fuses 3)", fix=fix
+                )
+            )
+        report.info["aux_layer_ids"] = ids
+    if draft_vocab_size is not None and vocab is not None and draft_vocab_size > vocab:
+        report.problems.append(
+            Problem(
+                "target",
+                target,
+                f"draft vocab {draft_vocab_size} > target vocab {vocab}",
+                fix=f"use --draft-vocab-size <= {vocab}",
+            )
+        )
 
 
 def _check_target(
@@ -310,6 +397,13 @@ def _check_target(
     trust_remote_code: bool,
 ) -> list[str]:
     """Config checks; returns the target's architectures (for the vLLM model contract)."""
+    try:
+        from specdraft.targets import is_gguf_file, resolve_target_dir
+
+        if is_gguf_file(target) and resolve_target_dir(target) is None:
+            return _check_gguf_target(target, report, aux_layer_ids, draft_vocab_size)
+    except ImportError:
+        pass  # reported by _target_dir
     d = _target_dir(target, report)
     if d is None:
         return []
@@ -344,41 +438,43 @@ def _check_target(
         f"{d} ({', '.join(raw.get('architectures') or ['?'])}, {n_layers} layers, "
         f"hidden {getattr(cfg_text, 'hidden_size', '?')}, vocab {vocab})"
     )
-    if n_layers is None:
-        report.problems.append(Problem("target", target, "config has no num_hidden_layers"))
-    else:
-        ids = list(aux_layer_ids) if aux_layer_ids is not None else None
-        if ids is None:
-            try:
-                from specdraft.targets import default_aux_layer_ids
+    _check_sizes(target, report, n_layers, vocab, aux_layer_ids, draft_vocab_size)
+    return list(raw.get("architectures") or [])
 
-                ids = list(default_aux_layer_ids(n_layers))
-            except ImportError:
-                ids = [2, n_layers // 2, n_layers - 3]
-            except ValueError as exc:
-                report.problems.append(Problem("target", target, str(exc), fix="pass explicit aux layer ids"))
-                ids = []
-        bad = [i for i in ids if not 0 <= i <= n_layers]
-        if bad:
-            report.problems.append(
-                Problem(
-                    "target",
-                    target,
-                    f"aux layer ids {bad} out of range [0, {n_layers}] for a {n_layers}-layer target",
-                    fix=f"pick ids in [0, {n_layers - 1}] (id {n_layers} is the final capture)",
-                )
-            )
-        report.info["aux_layer_ids"] = ids
-    if draft_vocab_size is not None and vocab is not None and draft_vocab_size > vocab:
+
+def _export_aux_ids(export: str) -> list[int] | None:
+    """The aux layer ids an export's draft reads (`eagle_aux_hidden_state_layer_ids`, top level in both
+    formats, specdraft's convention), or None when its config.json cannot be read."""
+    try:
+        ids = _json.loads((Path(export).expanduser() / "config.json").read_text())[
+            "eagle_aux_hidden_state_layer_ids"
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [int(i) for i in ids] if isinstance(ids, list) and ids else None
+
+
+def _aux_ids_to_check(
+    aux_layer_ids: Sequence[int] | None, export: str | None, report: Report
+) -> Sequence[int] | None:
+    """The aux layer ids to check the target with: the ones given, else the export's; ids given that differ
+    from the export's are a break (the export's draft reads its own)."""
+    from_export = _export_aux_ids(export) if export else None
+    if from_export is None:
+        return aux_layer_ids
+    if aux_layer_ids is None:
+        report.info["aux_layer_ids_from"] = f"the export's config.json ({export})"
+        return from_export
+    if sorted(aux_layer_ids) != sorted(from_export):
         report.problems.append(
             Problem(
                 "target",
-                target,
-                f"draft vocab {draft_vocab_size} > target vocab {vocab}",
-                fix=f"use --draft-vocab-size <= {vocab}",
+                str(export),
+                f"--layers {list(aux_layer_ids)} differ from the aux layer ids {from_export} the export's draft reads",
+                fix="drop --layers (doctor reads the export's ids), or point --export at the export you mean",
             )
         )
-    return list(raw.get("architectures") or [])
+    return aux_layer_ids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,11 +590,13 @@ def run_doctor(
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
     Args:
-        target: HF model directory (with config.json) or the embedded default name ("smollm2-135m").
+        target: HF model directory (with config.json), a hub id in the local Hugging Face cache, a ``.gguf``
+            file (read from its header when not converted yet) or the embedded default name ("smollm2-135m").
         against: check the contract against another engine version statically: ``vllm==X`` (downloads
             the wheel with ``pip download --no-deps``), a ``.whl``, an unpacked wheel or a source tree.
         json: print JSON instead of text.
-        aux_layer_ids: aux layer ids to check against the target (default: the project default).
+        aux_layer_ids: aux layer ids to check against the target (default: those of ``export`` when given,
+            else the project default (2, L//2, L-3)); ids that differ from ``export``'s are a break.
         draft_vocab_size: the draft vocabulary size to check against the target's vocabulary.
         planned_bytes: planned output size; a break when the disk under ``out_dir`` has less free.
         out_dir: where outputs will be written (for the disk check).
@@ -517,6 +615,7 @@ def run_doctor(
     dev = found_device if device == "auto" else device
     report.info["device"] = dev
     archs: list[str] = []
+    aux_layer_ids = _aux_ids_to_check(aux_layer_ids, export, report)
     if target:
         archs = _check_target(target, report, aux_layer_ids, draft_vocab_size, trust_remote_code)
     todo = list(contracts) if contracts is not None else list(engines.CONTRACTS.values())
@@ -582,6 +681,7 @@ def doctor(
     target: str | None = None,
     against: str | None = None,
     json: bool = False,
+    layers: list[int] | None = None,
     aux_layer_ids: list[int] | None = None,
     draft_vocab_size: int | None = None,
     planned_gb: float = 0.0,
@@ -595,10 +695,13 @@ def doctor(
     """Check engines, devices, disk and the target's config; report every problem at once.
 
     Args:
-        target: HF model directory (with config.json) or the embedded default name ("smollm2-135m").
+        target: HF model directory (with config.json), a hub id already downloaded, a .gguf file, or the
+            embedded default name ("smollm2-135m").
         against: check against another vLLM without installing it: vllm==X, a wheel, or a source tree.
         json: print the report as JSON.
-        aux_layer_ids: aux layer ids to check (default: 2, L//2, L-3).
+        layers: the draft's 3 aux layer ids, as extract's and train's --layers (default: those of --export
+            when given, else 2, L//2, L-3).
+        aux_layer_ids: the same as --layers (the older name).
         draft_vocab_size: draft vocabulary size to check against the target's.
         planned_gb: planned output size in GB, checked against free disk under out_dir.
         out_dir: where outputs will go.
@@ -619,11 +722,15 @@ def doctor(
         from specdraft.doctor.scan.report import run_scan
 
         return run_scan(scan, against=against, json=json).exit_code
+    if layers is not None and aux_layer_ids is not None and list(layers) != list(aux_layer_ids):
+        raise ValueError(
+            f"doctor: --layers {layers} and --aux-layer-ids {aux_layer_ids} differ: pass the ids once, with --layers"
+        )
     report = run_doctor(
         target=target,
         against=against,
         json=json,
-        aux_layer_ids=aux_layer_ids,
+        aux_layer_ids=layers if layers is not None else aux_layer_ids,
         draft_vocab_size=draft_vocab_size,
         planned_bytes=int(planned_gb * (1 << 30)),
         out_dir=out_dir,

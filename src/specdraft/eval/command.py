@@ -44,6 +44,7 @@ def evaluate(
     trust_remote_code: bool = False,
     chat_template: str = "",
     chat_template_kwargs: str = "",
+    layers: list[int] | None = None,
 ) -> int:
     """Measure drafts by real speculative decoding: tau, acceptance per position, speed, losslessness.
 
@@ -83,12 +84,14 @@ def evaluate(
             target's own; a draft trained on data rendered otherwise is refused.
         chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": false}', as serving
             would pass them (thinking on or off).
+        layers: for `untrained`: the draft's 3 aux layer ids, as extract's and train's --layers (default 2, L//2,
+            L-3; needed for targets under 6 layers).
     """
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
     with rendering(template, kwargs):
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
-                         tensor_parallel_size, engine_args, batch1_prompts, trust_remote_code)  # fmt: skip
+                         tensor_parallel_size, engine_args, batch1_prompts, trust_remote_code, layers)  # fmt: skip
 
 
 def _check_rendering(
@@ -129,7 +132,7 @@ def _recorded_rendering(draft: str) -> dict:
 def _evaluate(
     draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
     draft_vocab_size, device, dtype, out, seed, progress, threads, engine, tensor_parallel_size, engine_args,
-    batch1_prompts, trust_remote_code,
+    batch1_prompts, trust_remote_code, layers,
 ) -> int:  # fmt: skip
     """`evaluate` with the rendering chosen."""
     if engine == "vllm":
@@ -142,7 +145,7 @@ def _evaluate(
         raise ValueError("--tensor-parallel-size and --engine-args are vLLM options: add --engine vllm")
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
                              budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
-                             trust_remote_code)  # fmt: skip
+                             trust_remote_code, layers)  # fmt: skip
     for line in summary_lines(report):
         print(line)
     print(f"report: {Path(out) / REPORT_FILE}; plots: {', '.join(report['plots'])}")

@@ -57,16 +57,22 @@ def token_counts_from(path: str, vocab_size: int) -> np.ndarray:
                             "or a `specdraft extract` output, or leave --counts empty for uniform counts")  # fmt: skip
 
 
-def load_eval_draft(spec: str, target, counts: str = "", draft_vocab_size: int = 32000, seed: int = 0):
-    """A draft for evaluation: `untrained` (a fresh `build_draft` with the default aux ids and the draft
-    vocabulary from `counts`), a saved draft dir, or a training output dir (its newest checkpoint)."""
+def load_eval_draft(spec: str, target, counts: str = "", draft_vocab_size: int = 32000, seed: int = 0,
+                    layers: list[int] | None = None):  # fmt: skip
+    """A draft for evaluation: `untrained` (a fresh `build_draft` with the aux ids `layers`, default (2, L//2,
+    L-3), and the draft vocabulary from `counts`), a saved draft dir, or a training output dir (its newest
+    checkpoint)."""
     from specdraft.model.checkpoint import load_trained
     from specdraft.model.draft import build_draft
-    from specdraft.targets import default_aux_layer_ids
+    from specdraft.targets import capture_layer_ids
 
     if spec == UNTRAINED:
         c = token_counts_from(counts, target.vocab_size)
-        return build_draft(target, c, default_aux_layer_ids(target.num_layers), draft_vocab_size, seed=seed)
+        ids = capture_layer_ids(target.num_layers, layers)[:-1]  # the checks extract and train make
+        return build_draft(target, c, ids, draft_vocab_size, seed=seed)
+    if layers:
+        raise ValueError("eval: --layers applies to `untrained` only: a trained draft reads the aux layer ids it "
+                         "was trained with")  # fmt: skip
     try:
         return load_trained(spec)
     except FileNotFoundError as e:
@@ -262,6 +268,7 @@ def evaluate_report(
     progress: bool = True,
     threads: int = 0,
     trust_remote_code: bool = False,
+    layers: list[int] | None = None,
 ) -> dict:
     """`specdraft eval --engine hf` returning the report dict (for quickstart and the vLLM comparison);
     the arguments of `specdraft.eval.command.evaluate`."""
@@ -283,7 +290,7 @@ def evaluate_report(
         name = spec if spec == UNTRAINED else str(Path(spec))
         if name in drafts:
             raise ValueError(f"draft {spec!r} given twice")
-        drafts[name] = load_eval_draft(spec, tgt, counts, draft_vocab_size, seed).to(
+        drafts[name] = load_eval_draft(spec, tgt, counts, draft_vocab_size, seed, layers).to(
             device, getattr(torch, dtype)
         )
     report = run_evaluation(tgt, drafts, plist, cfg, turns=turns, seed=seed, progress=progress)
