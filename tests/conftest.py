@@ -184,6 +184,21 @@ def conversations(n: int, seed: int = 0) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def hybrid_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama whose tokenizer carries the hybrid-thinking stand-in template (tests/templates)."""
+    from standin_templates import standin_tokenizer
+
+    d = tmp_path_factory.mktemp("tiny-hybrid")
+    tok = standin_tokenizer("hybrid_thinking")
+    model = build_tiny_model("llama")
+    model.resize_token_embeddings(len(tok))
+    model.config.vocab_size = len(tok)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
 def real_target():
     """The embedded default (SmolLM2-135M-Instruct), converted once and cached."""
     from specdraft.targets import load_target

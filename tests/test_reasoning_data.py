@@ -10,8 +10,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CORPUS, build_tiny_model, write_jsonl
-from standin_templates import standin_tokenizer
+from conftest import CORPUS, write_jsonl
 
 from specdraft.data.prepare import load_dataset, prepare
 
@@ -44,19 +43,6 @@ def agentic(n: int, seed: int = 0, tools: bool = False) -> list[dict]:
         msgs.append({"role": "assistant", "content": f"<think>{say(7)}</think>{say(9)}"})  # inline reasoning
         out.append({"messages": msgs, **({"tools": TOOLS} if tools else {})})
     return out
-
-
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory):
-    """A tiny random Llama whose tokenizer carries the hybrid-thinking stand-in template."""
-    d = tmp_path_factory.mktemp("tiny-hybrid")
-    tok = standin_tokenizer("hybrid_thinking")
-    model = build_tiny_model("llama")
-    model.resize_token_embeddings(len(tok))
-    model.config.vocab_size = len(tok)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 def test_reasoning_and_tool_calls_end_to_end(tmp_path, hybrid_dir):

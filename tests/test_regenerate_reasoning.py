@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import build_tiny_model, conversations, needs_vllm, write_jsonl
+from conftest import conversations, needs_vllm, write_jsonl
 from standin_templates import TEMPLATES, standin_tokenizer
 
 from specdraft import targets
@@ -42,19 +42,6 @@ CALL = {
     "id": "call_0",
     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
 }
-
-
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory):
-    """A tiny random Llama whose tokenizer carries the hybrid-thinking stand-in template (Qwen3-like)."""
-    d = tmp_path_factory.mktemp("tiny-hybrid")
-    tok = standin_tokenizer("hybrid_thinking")
-    model = build_tiny_model("llama")
-    model.resize_token_embeddings(len(tok))
-    model.config.vocab_size = len(tok)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 @pytest.fixture

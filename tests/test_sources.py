@@ -18,7 +18,6 @@ from specdraft.data.sources import (
     mixture_counts,
     parse_columns,
     parse_sources,
-    read_conversations,
     read_records,
 )
 
@@ -260,47 +259,3 @@ def test_mix_size_is_limited_by_the_scarcest_source():
     assert sorted(x for i, x in out if i == 1) == list(range(10))
     with pytest.raises(ValueError, match="one positive weight per source"):
         mix_counts([1, 2], [1, 0])
-
-
-# the JSON readers, moved from prepare.py: same behaviour (cases of tests/test_data.py)
-
-
-def test_truncated_json_array_recovers_every_whole_record(tmp_path):
-    recs = [
-        {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}
-        for i in range(5)
-    ]
-    text = json.dumps(recs)
-    p = tmp_path / "cut.json"
-    p.write_text(text[: text.index('"a4"') + 2])  # cut inside the last record
-    got, rep = read(p)
-    assert [r for r, _ in got] == [0, 1, 2, 3] and got[3][1] == recs[3]
-    assert rep.dropped == {"truncated record at end of file": [4]}
-    assert rep.truncated_tail_bytes > 0
-
-
-def test_jsonl_with_bad_lines(tmp_path):
-    p = tmp_path / "bad.jsonl"
-    good = json.dumps({"messages": CONV})
-    p.write_bytes(
-        b"\n".join([good.encode(), b"{not json", b'{"messages": "\xff\xfe"}', good.encode()]) + b"\n"
-    )
-    got, rep = read(p)
-    assert [r for r, _ in got] == [0, 3]
-    assert rep.dropped == {"not valid JSON": [1], "not valid UTF-8": [2]} and rep.records == 4
-
-
-@pytest.mark.parametrize("pretty", [True, False], ids=["pretty-printed", "one-line"])
-def test_top_level_json_object_is_named(tmp_path, pretty):
-    doc = {"version": 2, "data": [{"messages": CONV} for _ in range(124)]}
-    p = tmp_path / "wrapped.json"
-    p.write_text(json.dumps(doc, indent=2 if pretty else None))
-    with pytest.raises(ValueError, match=r"the file is one JSON object, not a list of conversations: .*"
-                                         r"\['version', 'data'\].*'data' holds a list of 124 objects.*jq -c"):  # fmt: skip
-        read(p)
-    one = tmp_path / "one.json"
-    one.write_text(json.dumps({"messages": CONV}, indent=2))
-    assert list(read_conversations(one)) == [(0, {"messages": CONV})]
-    assert read(write_jsonl(tmp_path / "c.jsonl", [{"messages": CONV}] * 3))[0] == [
-        (i, {"messages": CONV}) for i in range(3)
-    ]
