@@ -219,7 +219,9 @@ def test_rows_split_across_ranks_are_gathered_in_rank_order():
     for tp in (2, 3):
         got, calls = _capture([_Model(r, tp, sp_from=1) for r in range(tp)], SMALL, ids)
         assert all(c["hidden"].shape[0] == c["positions"].shape[0] for c in calls)
-        assert max((a - b).abs().max().item() for a, b in zip(got, ref)) == 0.0
+        # equal up to float rounding: a slice of the rows may take another GEMM kernel (seen on AVX-512/AMX CPUs:
+        # 2.4e-7); rows gathered out of order would differ by O(1)
+        assert max((a - b).abs().max().item() for a, b in zip(got, ref)) < 1e-5
 
 
 def test_a_missing_shard_fails_loudly():
