@@ -46,6 +46,7 @@ from specdraft.data.render import (
     choose_template,
     conversation_samples,
     has_generation_markers,
+    require_chat_template,
     template_identity,
     text_sample,
 )
@@ -74,14 +75,10 @@ def normalize(record, repairs: list[str] | None = None) -> tuple[list[dict] | No
     return (conv.messages if conv else None), reason
 
 
-def check_chat_template(tokenizer) -> None:
-    """Raise with the fix when the tokenizer cannot render conversations."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "the target's tokenizer has no chat template, so conversations cannot be rendered as the target "
-            "sees them at serving time. Fix: pass --chat-template (a Jinja file or string), use the "
-            "instruct/chat variant of the model, or prepare raw documents with --text (a base model)."
-        )
+def check_chat_template(tokenizer, target: str = "the target") -> None:
+    """Raise with the fix when the tokenizer cannot render conversations (`require_chat_template`, as regenerate
+    and eval check it) or cannot place the loss mask."""
+    require_chat_template(tokenizer, target, also=", or prepare raw documents with --text")
     if not getattr(tokenizer, "is_fast", False) and not has_generation_markers(tokenizer):
         raise ValueError(
             "the loss mask needs a fast tokenizer (character offsets) or a chat template with "
@@ -181,7 +178,7 @@ def prepare(
     tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
     kwargs = choose_template(tok, chat_template, chat_template_kwargs)
     if not text:
-        check_chat_template(tok)
+        check_chat_template(tok, target)
     opts = _Options(tok, kwargs, max_length, reasoning_loss, text)
     t0 = time.time()
     limit = max_samples if len(sources) == 1 else 0

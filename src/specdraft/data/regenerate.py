@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from specdraft.data.messages import Conversation, normalize_record
 from specdraft.data.prepare import ReadReport, _describe_drops, read_conversations
-from specdraft.data.render import choose_template, template_identity
+from specdraft.data.render import choose_template, require_chat_template, template_identity
 from specdraft.fileio import DirLock, atomic_write_text, changed_settings, file_hash
 from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
@@ -385,7 +385,8 @@ def regenerate(
         seed: sampling seed (each chunk and turn derives its own from it).
         chunk_size: conversations per chunk file (the unit of resume).
         max_prompt_tokens: a conversation ends before a turn whose prompt would be longer.
-        chat_template: a Jinja chat template (a file, or the template text) instead of the tokenizer's own.
+        chat_template: a Jinja chat template (a file, or the template text) instead of the tokenizer's own (a
+            base model has none: it is refused without this, from its tokenizer, before any engine loads).
         chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": true}'; prepare the
             output with the same template flags.
         device: cpu or cuda.
@@ -408,9 +409,7 @@ def regenerate(
         tokenizer, {}
     )  # what runs recorded before these settings rendered with
     kwargs = choose_template(tokenizer, chat_template, chat_template_kwargs)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{target}: its tokenizer has no chat template; pass --chat-template (a Jinja file or "
-                         "string) or use the model's instruct/chat variant")  # fmt: skip
+    require_chat_template(tokenizer, target)  # the tokenizer alone: before any engine loads
     context = _context_length(target, trust_remote_code) if max_new_tokens == 0 else 0
     prompting = Prompting(tokenizer, kwargs, max_prompt_tokens, context)
     root = Path(out)

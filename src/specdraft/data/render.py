@@ -231,6 +231,26 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
     return kwargs
 
 
+#: the fix for a target whose tokenizer has no chat template (a base model), as every command names it
+CHAT_TEMPLATE_FIX = (
+    "pass --chat-template (a Jinja file or the template text), or use the model's instruct/chat variant"
+)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether `tokenizer` can render chats: it has a chat template, its own or one `choose_template` set."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def require_chat_template(tokenizer, target: str, also: str = "") -> None:
+    """Refuse in one line, with the fix, a tokenizer that cannot render chats (`has_chat_template`): checked
+    with the tokenizer alone, before a command loads any model. `also`: a further fix of that command."""
+    if not has_chat_template(tokenizer):
+        raise ValueError(f"the tokenizer of {target} has no chat template (a base model?), so conversations "
+                         "cannot be rendered as the target sees them when served. "
+                         f"Fix: {CHAT_TEMPLATE_FIX}{also}")  # fmt: skip
+
+
 def template_identity(tokenizer, kwargs: dict) -> dict:
     """What a later stage must render with to see what this data saw: the template's hash and the kwargs."""
     import hashlib

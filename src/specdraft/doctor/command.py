@@ -25,7 +25,10 @@ What is checked:
   only when ``torch.cuda.is_available()``), free disk against the planned output size.
 * **Target config** (``config.json`` through ``AutoConfig``, no weights; a ``.gguf`` file not converted yet
   is read from its header): aux layer ids in range (``--layers``, else those of ``--export``, else the
-  default), ``trust_remote_code`` needed, multimodal wrapper, vocabulary size vs the draft vocabulary.
+  default), ``trust_remote_code`` needed, multimodal wrapper, vocabulary size vs the draft vocabulary; a
+  tokenizer without a chat template (a base model: prepare, regenerate and eval refuse it without
+  ``--chat-template``), a vision/multimodal config (``vision_config``, or an architecture vLLM registers as
+  multimodal) without ``preprocessor_config.json`` (vLLM's serving loads it).
 
 ``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that
 version's signatures statically with :mod:`ast` -- no import, no install, no GPU -- and reports which
@@ -396,7 +399,8 @@ def _check_target(
     draft_vocab_size: int | None,
     trust_remote_code: bool,
 ) -> list[str]:
-    """Config checks; returns the target's architectures (for the vLLM model contract)."""
+    """Config checks, and what the chat commands and vLLM's serving read besides it (the chat template, a
+    multimodal model's processor config); returns the target's architectures (for the vLLM model contract)."""
     try:
         from specdraft.targets import is_gguf_file, resolve_target_dir
 
@@ -417,6 +421,7 @@ def _check_target(
                 fix="pass --trust-remote-code if you trust this repository",
             )
         )
+    _check_processor_config(target, d, raw, report)
     try:
         cfg = engines.call(
             "transformers.AutoConfig.from_pretrained", str(d), trust_remote_code=trust_remote_code
@@ -439,7 +444,83 @@ def _check_target(
         f"hidden {getattr(cfg_text, 'hidden_size', '?')}, vocab {vocab})"
     )
     _check_sizes(target, report, n_layers, vocab, aux_layer_ids, draft_vocab_size)
+    if not (raw.get("auto_map") and not trust_remote_code):  # custom code refused: reported above
+        _check_chat_template(target, d, report, trust_remote_code)
     return list(raw.get("architectures") or [])
+
+
+def _check_chat_template(target: str, d: Path, report: Report, trust_remote_code: bool) -> None:
+    """A warning when the target's tokenizer cannot render chats (a base model): prepare, regenerate and eval
+    refuse it without --chat-template (`specdraft.data.render.require_chat_template`, the same check)."""
+    if not any((d / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
+        return  # no tokenizer in this directory (a config alone): nothing to read
+    try:
+        from specdraft.data.render import CHAT_TEMPLATE_FIX, has_chat_template
+        from specdraft.targets import load_tokenizer
+
+        tok = load_tokenizer(str(d), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # any loader failure is a finding, and doctor must go on
+        report.problems.append(
+            Problem("tokenizer", target, f"the tokenizer cannot be loaded: {exc}", "warning")
+        )
+        return
+    if not has_chat_template(tok):
+        report.problems.append(
+            Problem(
+                "tokenizer",
+                target,
+                "the tokenizer has no chat template (a base model?): prepare, regenerate and eval cannot render "
+                "conversations and refuse to start",
+                "warning",
+                fix=f"{CHAT_TEMPLATE_FIX} (prepare --text trains on raw documents without one)",
+            )
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_multimodal_architectures() -> frozenset[str]:
+    """The architectures the installed vLLM registers as multimodal (its `_MULTIMODAL_MODELS`, read with `ast`,
+    nothing imported); empty when vLLM is not installed."""
+    import ast
+
+    root = installed_root("vllm")
+    model = engines.VLLM_CONTRACT.model
+    parsed = SourceTree(root).parse(model.registry) if root is not None and model is not None else None
+    for s in parsed.body if parsed else []:
+        if not isinstance(s, (ast.Assign, ast.AnnAssign)):
+            continue
+        names = [
+            t.id for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)
+        ]
+        if "_MULTIMODAL_MODELS" in names and isinstance(s.value, ast.Dict):
+            return frozenset(k.value for k in s.value.keys if isinstance(k, ast.Constant))
+    return frozenset()
+
+
+def _check_processor_config(target: str, d: Path, raw: dict, report: Report) -> None:
+    """A warning when config.json declares a vision (multimodal) part and the directory has no image processor
+    config: vLLM loads the model's processor when it serves it, so `eval --engine vllm` and serving fail."""
+    mm = [a for a in raw.get("architectures") or [] if a in _vllm_multimodal_architectures()]
+    if "vision_config" not in raw and not mm:
+        return
+    if (d / "preprocessor_config.json").is_file():
+        return
+    try:  # transformers also reads the image processor nested in processor_config.json
+        if "image_processor" in _json.loads((d / "processor_config.json").read_text()):
+            return
+    except (OSError, ValueError, TypeError):
+        pass
+    why = "a vision_config" if "vision_config" in raw else f"{mm[0]} (multimodal in vLLM)"
+    report.problems.append(
+        Problem(
+            "processor",
+            target,
+            f"config.json declares {why} but {d} has no preprocessor_config.json: vLLM loads the model's "
+            "processor when it serves it, so `eval --engine vllm` and serving fail at startup",
+            "warning",
+            fix=f"copy preprocessor_config.json (and the processor's other files) from the model's repository into {d}",
+        )
+    )
 
 
 def _export_aux_ids(export: str) -> list[int] | None:

@@ -81,31 +81,44 @@ def evaluate(
             the draft, and report the cost of a round (0 = batched only).
         trust_remote_code: allow model code shipped with the target.
         chat_template: render prompts with this Jinja chat template (a file or the text) instead of the
-            target's own; a draft trained on data rendered otherwise is refused.
+            target's own (a base model has none: it is refused without this, before anything loads); a draft
+            trained on data rendered otherwise is refused.
         chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": false}', as serving
             would pass them (thinking on or off).
         layers: for `untrained`: the draft's 3 aux layer ids, as extract's and train's --layers (default 2, L//2,
             L-3; needed for targets under 6 layers).
     """
+    engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args)
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
     with rendering(template, kwargs):
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
-                         tensor_parallel_size, engine_args, batch1_prompts, trust_remote_code, layers)  # fmt: skip
+                         engine_kwargs, batch1_prompts, trust_remote_code, layers)  # fmt: skip
+
+
+def _check_engine(engine: str, tensor_parallel_size: int, engine_args: str) -> dict:
+    """The engine options checked before anything loads; returns vLLM's options ({} for `hf`)."""
+    if engine == "vllm":
+        return _engine_kwargs(tensor_parallel_size, engine_args)
+    if engine != "hf":
+        raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
+    if tensor_parallel_size != 1 or engine_args:
+        raise ValueError("--tensor-parallel-size and --engine-args are vLLM options: add --engine vllm")
+    return {}
 
 
 def _check_rendering(
     draft: list[str], target: str, chat_template: str, chat_template_kwargs: str, trust_remote_code: bool
 ) -> tuple[str | None, dict]:
-    """The template (None: the target's own) and kwargs prompts are rendered with; refuses a trained draft whose
-    data was rendered otherwise (`train` records it), naming the difference."""
-    from specdraft.data.render import choose_template, template_identity
+    """The template (None: the target's own) and kwargs prompts are rendered with, from the target's tokenizer
+    alone (no model loaded yet): refuses a target that cannot render chats (a base model without
+    --chat-template) and a trained draft whose data was rendered otherwise (`train` records it)."""
+    from specdraft.data.render import choose_template, require_chat_template, template_identity
     from specdraft.targets import load_tokenizer
 
-    if not chat_template and not chat_template_kwargs and not any(_recorded_rendering(d) for d in draft):
-        return None, {}  # nothing chosen, nothing recorded: the tokenizer's own template, no kwargs
     tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
     kwargs = choose_template(tok, chat_template, chat_template_kwargs)
+    require_chat_template(tok, target)  # the prompts are chats (mtbench, or a file's user turns)
     now = template_identity(tok, kwargs)
     for d in draft:
         was = _recorded_rendering(d)
@@ -131,18 +144,13 @@ def _recorded_rendering(draft: str) -> dict:
 
 def _evaluate(
     draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
-    draft_vocab_size, device, dtype, out, seed, progress, threads, engine, tensor_parallel_size, engine_args,
-    batch1_prompts, trust_remote_code, layers,
+    draft_vocab_size, device, dtype, out, seed, progress, threads, engine, engine_kwargs, batch1_prompts,
+    trust_remote_code, layers,
 ) -> int:  # fmt: skip
-    """`evaluate` with the rendering chosen."""
+    """`evaluate` with the engine options checked and the rendering chosen."""
     if engine == "vllm":
-        engine_kwargs = _engine_kwargs(tensor_parallel_size, engine_args)
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
                                    trust_remote_code, engine_kwargs, batch1_prompts)  # fmt: skip
-    if engine != "hf":
-        raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
-    if tensor_parallel_size != 1 or engine_args:
-        raise ValueError("--tensor-parallel-size and --engine-args are vLLM options: add --engine vllm")
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
                              budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
                              trust_remote_code, layers)  # fmt: skip
