@@ -577,3 +577,14 @@ def stop_ids(tokenizer, generation_config=None) -> tuple[int, ...]:
     elif isinstance(eos, (list, tuple)):
         ids.update(int(e) for e in eos)
     return tuple(sorted(ids))
+
+
+#: the fix for a target whose tokenizer has no chat template (a base model), as every command names it
+CHAT_TEMPLATE_FIX = (
+    "pass --chat-template (a Jinja file or the template text), or use the model's instruct/chat variant"
+)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether `tokenizer` can render chats: it has a chat template, its own or one `--chat-template` set."""
+    return bool(getattr(tokenizer, "chat_template", None))

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from specdraft.data.messages import Conversation, Dropped
+from specdraft.targets import CHAT_TEMPLATE_FIX, has_chat_template
 
 KINDS = ("reasoning", "content", "tool_call")
 _CLOSE_THINK = re.compile(r"\s*</think>\s*")
@@ -229,17 +230,6 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
     if not isinstance(kwargs, dict):
         raise ValueError(f"--chat-template-kwargs must be a JSON object, not {chat_template_kwargs!r}")
     return kwargs
-
-
-#: the fix for a target whose tokenizer has no chat template (a base model), as every command names it
-CHAT_TEMPLATE_FIX = (
-    "pass --chat-template (a Jinja file or the template text), or use the model's instruct/chat variant"
-)
-
-
-def has_chat_template(tokenizer) -> bool:
-    """Whether `tokenizer` can render chats: it has a chat template, its own or one `choose_template` set."""
-    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def require_chat_template(tokenizer, target: str, also: str = "") -> None:

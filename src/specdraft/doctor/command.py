@@ -451,12 +451,11 @@ def _check_target(
 
 def _check_chat_template(target: str, d: Path, report: Report, trust_remote_code: bool) -> None:
     """A warning when the target's tokenizer cannot render chats (a base model): prepare, regenerate and eval
-    refuse it without --chat-template (`specdraft.data.render.require_chat_template`, the same check)."""
+    refuse it without --chat-template (`specdraft.data.render.require_chat_template`, on `targets.has_chat_template`)."""
     if not any((d / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json")):
         return  # no tokenizer in this directory (a config alone): nothing to read
     try:
-        from specdraft.data.render import CHAT_TEMPLATE_FIX, has_chat_template
-        from specdraft.targets import load_tokenizer
+        from specdraft.targets import CHAT_TEMPLATE_FIX, has_chat_template, load_tokenizer
 
         tok = load_tokenizer(str(d), trust_remote_code=trust_remote_code)
     except Exception as exc:  # any loader failure is a finding, and doctor must go on
