@@ -237,6 +237,7 @@ def vllm_hybrid_dir(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # a vLLM engine start (~36 s): make test-slow
 @pytest.mark.vllm
 @needs_vllm
 def test_vllm_renders_with_the_template_kwargs_and_caps_each_reply_at_the_context(
