@@ -146,8 +146,11 @@ def build_tiny_model(arch: str, seed: int = 0):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with a ChatML tokenizer, saved as an HF model dir."""
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = build_tokenizer(CHATML)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), build_tokenizer(CHATML))
+
+
+def save_tiny_llama(d: Path, tok) -> Path:
+    """A tiny random Llama sized to `tok`'s vocabulary, saved with `tok` as an HF model dir `d`."""
     model = build_tiny_model("llama")
     model.resize_token_embeddings(len(tok))
     model.config.vocab_size = len(tok)
@@ -188,14 +191,7 @@ def hybrid_dir(tmp_path_factory) -> Path:
     """A tiny random Llama whose tokenizer carries the hybrid-thinking stand-in template (tests/templates)."""
     from standin_templates import standin_tokenizer
 
-    d = tmp_path_factory.mktemp("tiny-hybrid")
-    tok = standin_tokenizer("hybrid_thinking")
-    model = build_tiny_model("llama")
-    model.resize_token_embeddings(len(tok))
-    model.config.vocab_size = len(tok)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-hybrid"), standin_tokenizer("hybrid_thinking"))
 
 
 @pytest.fixture(scope="session")
