@@ -377,3 +377,18 @@ def test_store_dtype_bf16_by_default_and_fp8(tmp_path, dataset, tiny_llama_dir):
     f8_bytes = sum(p.stat().st_size for p in f8.glob("shard-*.safetensors"))
     bf_bytes = sum(p.stat().st_size for p in bf.glob("shard-*.safetensors"))
     assert f8_bytes < 0.6 * bf_bytes  # H = 64 here: the scales and ids weigh more than at real widths
+
+
+def test_extract_runs_the_target_the_dataset_was_prepared_with(dataset, tmp_path, tiny_llama_dir):
+    """Without --target, extract ran the embedded default on any dataset: another model's hidden states for
+    token ids of another vocabulary. It now runs the dataset's own target."""
+    out = extract(str(dataset), str(tmp_path / "hs"), max_samples=2)
+    man = json.loads(next(out.glob("manifest-*.json")).read_text())
+    assert man["target"]["name"] == str(tiny_llama_dir)
+
+
+def test_extract_refuses_a_target_with_another_tokenizer(dataset, tmp_path, hybrid_dir):
+    with pytest.raises(ValueError) as e:
+        extract(str(dataset), str(tmp_path / "hs"), target=str(hybrid_dir), max_samples=2)
+    assert "has another tokenizer than the one" in str(e.value)
+    assert "drop --target" in str(e.value) and not (tmp_path / "hs").exists()

