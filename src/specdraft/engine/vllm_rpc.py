@@ -16,6 +16,7 @@ the engine contract; this module imports only torch.
 from __future__ import annotations
 
 import io
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from specdraft.engine import contract as engines
 __all__ = [
     "collective_rpc",
     "cpu_thread_binding",
+    "engine_environment",
     "drop_recorder",
     "dump_blob",
     "ensure_importable_in_workers",
@@ -66,6 +68,43 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
             "(VLLM_CPU_OMP_THREADS_BIND=nobind; set it yourself to choose a binding)")  # fmt: skip
     print(note, flush=True)
     return note
+
+
+#: seconds vLLM gives its engine core to stop at shutdown (its default, 5, is too short for TP workers on a
+#: busy CPU: they were force-killed mid-teardown, and their shared memory reported leaked); a user's value wins
+SHUTDOWN_SECONDS = "60"
+#: the logger of vLLM's chat-template warmup, and the one record of it we silence (see _SkippedTokenizerWarmup)
+WARMUP_LOGGER = "vllm.renderers.base"
+
+
+class _SkippedTokenizerWarmup(logging.Filter):
+    """Drops vLLM's "Chat template warmup failed" traceback when its cause is ``skip_tokenizer_init=True``.
+
+    The capture engine takes token ids and builds no tokenizer, so the ``LLM`` constructor's warmup of the
+    chat template cannot run: harmless (nothing of ours renders chats in that engine), but printed as a
+    WARNING with a traceback that users took for a failure. Any other warmup failure still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage().startswith("Chat template warmup failed") and exc is not None
+                    and "skip_tokenizer_init" in str(exc))  # fmt: skip
+
+
+def engine_environment(tensor_parallel_size: int) -> None:
+    """Set up this process before it builds a vLLM engine, so that a run that succeeds ends cleanly.
+
+    - the CPU thread binding (:func:`cpu_thread_binding`);
+    - ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` to :data:`SHUTDOWN_SECONDS` unless the user set it: workers
+      exit gracefully (a few seconds on 2 cores at TP=2) instead of being force-killed after 5 s, which also
+      left a "leaked shared_memory objects" warning behind;
+    - the warmup filter (:class:`_SkippedTokenizerWarmup`) on vLLM's renderer logger.
+    """
+    cpu_thread_binding(tensor_parallel_size)
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", SHUTDOWN_SECONDS)
+    log = logging.getLogger(WARMUP_LOGGER)
+    if not any(isinstance(f, _SkippedTokenizerWarmup) for f in log.filters):
+        log.addFilter(_SkippedTokenizerWarmup())
 
 
 def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:

@@ -151,7 +151,7 @@ class VLLMEngine:
         if capture_drafter:
             vllm_rpc.ensure_importable_in_workers()
             kw["worker_extension_cls"] = EXTENSION_PATH
-        vllm_rpc.cpu_thread_binding(int((engine_kwargs or {}).get("tensor_parallel_size", 1)))
+        vllm_rpc.engine_environment(int((engine_kwargs or {}).get("tensor_parallel_size", 1)))
         self.draft_dir = draft_dir
         self.k = k
         self.per_request = False
