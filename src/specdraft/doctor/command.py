@@ -65,6 +65,7 @@ from typing import Any
 from specdraft.doctor.check import Problem, check_contract, installed_root, shorten
 from specdraft.doctor.formats.against import check_format_engine, format_engine_for
 from specdraft.doctor.formats.check import check_export_dir, check_formats
+from specdraft.doctor.refusals.check import refusal_problems
 from specdraft.doctor.release.wheel import cache_dir, locate, requirement_problems
 from specdraft.doctor.source.reader import SourceTree, unguarded_cuda_calls
 from specdraft.doctor.usage_check import check_usage, convention_lines
@@ -180,7 +181,8 @@ def _source_problems(contract: Contract, root: Path, export: str | None) -> list
 
 def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequence[str],
                    export: str | None, report: Report) -> None:  # fmt: skip
-    """Everything ``--against`` checks: what was read, its pins, the contracts and the export formats."""
+    """Everything ``--against`` checks: what was read, its pins, the contracts, the export formats and the
+    refusals on our values it adds to the installed release's."""
     fe = format_engine_for(against)
     if fe is not None:  # an engine without a contract (sglang==X): its export formats only
         described, problems = check_format_engine(fe, against, export)
@@ -202,6 +204,10 @@ def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequ
         probs, rt = check_contract(c, source=rel.root, device=dev, architectures=archs)
         report.problems.extend(probs)
         report.problems.extend(_source_problems(c, rel.root, export))
+        # the refusals on our values that the release adds to the installed one's (doctor/refusals/)
+        report.problems.extend(
+            refusal_problems(c, rel.root, installed_root(c.engine), export, release=against)
+        )
         report.runtime_checked.extend(rt + convention_lines(c))
 
 

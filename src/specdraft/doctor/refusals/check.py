@@ -1,0 +1,260 @@
+"""The refusals a release adds on values we pass or write, against a baseline release (the installed one).
+
+For every scope (:mod:`.scopes`) of both releases, every refusal (:mod:`.collect`) whose condition reads a
+value we pass or write is listed with its condition and message. A refusal of the named release that the
+baseline has nowhere, or has with another message, is reported with ``file:line`` (relative to the
+release's root), the condition, the message and the field or argument it reads: a BREAK when our value
+provably meets the condition (:mod:`.judge`), a WARNING naming the field otherwise. A value check the
+formats check already judges (``if v not in TABLE: raise``, reported there as a refused value) is listed
+as info here, not counted twice.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.doctor.check import Problem, shorten
+from specdraft.doctor.formats.check import detect_format
+from specdraft.doctor.formats.reads import ITEM, _Reader
+from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
+from specdraft.doctor.refusals.judge import UNKNOWN, truth
+from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
+from specdraft.doctor.source.reader import SourceTree, dotted_name
+from specdraft.engine.contract import Contract
+
+__all__ = ["Found", "new_refusals", "refusal_problems", "refusals"]
+
+FieldPath = tuple[str, ...]
+_MAX_CASES = 32  # combinations of our values tried per condition
+
+
+@dataclass(frozen=True)
+class Found:
+    """A refusal on our values in one release: where, what it reads, and how our values fare."""
+
+    label: str
+    refusal: Refusal
+    location: str
+    fields: tuple[str, ...]
+    refused: bool | None  # True: our value meets the condition; False: it does not; None: unknown
+    case: str  # our values the verdict is about
+    judged: bool  # the formats check judges this value check already
+    exact: bool  # our values are the ones we pass or write, not a sample
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.refusal.condition, self.refusal.message
+
+
+def _mutated(module: ast.Module) -> set[str]:
+    """Names the module changes after binding them: assigned twice, augmented, stored into, or mutated by
+    a method call (``TABLE[k] = v``, ``ALLOWED.add(x)``): their literal value is not what the engine checks."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    for n in ast.walk(module):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    seen[t.id] = seen.get(t.id, 0) + 1
+                elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                    out.add(t.value.id)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name)
+        ):
+            if n.func.attr in ("add", "append", "extend", "update", "setdefault", "insert", "pop", "remove"):
+                out.add(n.func.value.id)
+    return out | {k for k, v in seen.items() if v > 1}
+
+
+def _module_constants(tree: SourceTree, module: str) -> dict[str, Any]:
+    """Literal module-level constants of ``module`` that it never changes (``ALLOWED = ("a", "b")``)."""
+    parsed = tree.parse(module)
+    if parsed is None:
+        return {}
+    changed = _mutated(parsed)
+    out: dict[str, Any] = {}
+    for s in parsed.body:
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+            if s.targets[0].id in changed:
+                continue
+            try:
+                out[s.targets[0].id] = ast.literal_eval(s.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return out
+
+
+def _shown(scope: Scope, path: FieldPath) -> str:
+    return ".".join((*scope.prefix, *path)).replace(f".{ITEM}", "[0]")
+
+
+def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
+             consts: Mapping[str, Any]) -> tuple[bool | None, str]:  # fmt: skip
+    """Whether our values meet the refusal's condition (any known case does: True), and that case."""
+    known = [p for p in fields if p in scope.values]
+    cases = list(itertools.islice(itertools.product(*(scope.values[p] for p in known)), _MAX_CASES))
+
+    def lookup_in(case: dict[FieldPath, Any]):
+        def lookup(node: ast.AST) -> Any:
+            path = reader.path_of(node, False, frozenset())
+            if path:
+                return case.get(path, UNKNOWN)
+            name = dotted_name(node)
+            if name in consts and not isinstance(consts[name], dict):
+                return consts[name]
+            if name in reader.tables:  # a local dict literal's keys, a registry's (filled by decorators)
+                return reader.tables[name]
+            return consts.get(name, UNKNOWN)
+
+        return lookup
+
+    verdicts = []
+    for values in cases:
+        case = dict(zip(known, values))
+        shown = ", ".join(f"{_shown(scope, p)}={v!r}" for p, v in case.items())
+        parts = [truth(t, lookup_in(case)) for t in refusal.tests]
+        v = False if False in parts else (None if None in parts else True)
+        if v:
+            return True, shown
+        verdicts.append((v, shown))
+    if verdicts and all(v is False for v, _ in verdicts):
+        return False, "; ".join(s for _, s in verdicts)
+    return None, ""
+
+
+def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping[str, Any]] | None = None,
+             values: Mapping[str, Mapping[str, Any]] | None = None) -> list[Found]:  # fmt: skip
+    """Every refusal in ``tree`` whose condition reads a value ``contract`` passes or writes (see :func:`scopes`)."""
+    out: dict[tuple[str, str], Found] = {}
+    consts: dict[str, dict[str, Any]] = {}
+    tables: dict[str, dict[str, tuple[str, ...]]] = {}
+    for scope in scopes(tree, contract, configs, values):
+        reader = _Reader([], {}, scope.attrs)
+        reader.env = dict(scope.roots)
+        reader.aliases(scope.fn.body)
+        ours = [
+            (r, [p for p in fields_read(r.tests, reader) if scope.ours(p)]) for r in refusals_in(scope.fn)
+        ]
+        ours = [(r, fields) for r, fields in ours if fields]
+        if not ours:
+            continue
+        read_tables(tree, scope, tables)
+        reader.tables = {**scope.tables, **reader.tables}  # the module's, then the function's own
+        path = tree.module_path(scope.module)
+        rel = path.relative_to(tree.root).as_posix() if path is not None else scope.module
+        if scope.module not in consts:
+            consts[scope.module] = _module_constants(tree, scope.module)
+        for r, fields in ours:
+            where = f"{rel}:{r.line}"
+            if (scope.label, where) in out:
+                continue
+            refused, case = _verdict(r, scope, reader, fields, consts[scope.module])
+            out[(scope.label, where)] = Found(scope.label, r, where, tuple(_shown(scope, p) for p in fields),
+                                              refused, case, r.test_line in scope.judged, scope.exact)  # fmt: skip
+    return list(out.values())
+
+
+def _problem(found: list[Found], release: str, was: str | None) -> Problem:
+    """The report of one new (or reworded) refusal, seen through the scopes in ``found`` (one location)."""
+    f = found[0]
+    r = f.refusal
+    labels = ", ".join(dict.fromkeys(x.label for x in found))
+    fields = ", ".join(f"`{x}`" for x in dict.fromkeys(y for x in found for y in x.fields))
+    what = "a new refusal" if was is None else "a refusal worded differently from the installed release's"
+    cond = (
+        f"`{shorten(r.condition, 300)}`"
+        if r.kind == "raise"
+        else f"`{shorten(r.condition, 300)}` (an assert)"
+    )
+    head = f"{release} has {what}: refused when {cond}, with {shorten(r.message, 300) or 'no message'}; it reads {fields}"
+    refused = next((x for x in found if x.refused), None)
+    if any(x.judged for x in found):
+        return Problem("refusal", labels, f"{head}; the value check of the export format judges our value",
+                       "info", symbol=fields, installed=was or "", location=f.location)  # fmt: skip
+    if refused is not None:
+        return Problem("refusal", labels, f"{head}; our value meets the condition: {release} refuses it",
+                       symbol=fields, installed=was or "", location=f.location, passed=refused.case,
+                       fix="pass or write a value it accepts, or pin a release without this check")  # fmt: skip
+    passes = next((x for x in found if x.refused is False), None)
+    if passes is not None and all(x.refused is False and x.exact for x in found):
+        return Problem("refusal", labels, f"{head}; our value passes it", "info", symbol=fields,
+                       installed=was or "", location=f.location, passed=passes.case)  # fmt: skip
+    tail = (f"the sample of our value passes it ({passes.case}); other values of {fields} may not" if passes
+            else f"whether our value of {fields} passes cannot be told statically")  # fmt: skip
+    return Problem("refusal", labels, f"{head}; {tail}", "warning", symbol=fields, installed=was or "",
+                   location=f.location, passed=passes.case if passes else "",
+                   fix=f"check that what you pass as {fields} satisfies it")  # fmt: skip
+
+
+def new_refusals(
+    new: SourceTree,
+    old: SourceTree,
+    contract: Contract,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
+    values: Mapping[str, Mapping[str, Any]] | None = None,
+    release: str = "this release",
+) -> list[Problem]:
+    """The refusals on our values that ``new`` has and ``old`` lacks or words differently, one problem each
+    (an info saying so when there are none).
+
+    Args:
+        new: the named release's source.
+        old: the baseline's source (the installed release).
+        contract: what we call, pass and write.
+        configs: ``{format name: config}`` of the exports (default: what ``specdraft export`` writes).
+        values: ``{entry name: {argument: value}}``: values we pass, where known.
+        release: how the report names ``new``.
+    """
+    before = refusals(old, contract, configs, values)
+    old_keys = {f.key for f in before}
+    old_messages = {f.refusal.condition: f.refusal.message for f in before}
+    by_location: dict[str, list[Found]] = {}
+    for f in refusals(new, contract, configs, values):
+        if f.key not in old_keys:
+            by_location.setdefault(f.location, []).append(f)
+    problems = [_problem(fs, release, old_messages.get(fs[0].refusal.condition))
+                for fs in by_location.values()]  # fmt: skip
+    if not problems:
+        problems.append(Problem("refusal", contract.engine, f"{release} adds no refusal on the values we pass or "
+                                f"write ({len(before)} such refusal(s) in the installed release)", "info"))  # fmt: skip
+    return problems
+
+
+def _export_configs(export: str | None) -> dict[str, Mapping[str, Any]] | None:
+    """``{format: config}`` of an export directory's ``config.json`` (None: no export, or unreadable)."""
+    if not export:
+        return None
+    try:
+        config = json.loads((Path(export).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the formats check reports an unreadable export
+    return {detect_format(config): config} if isinstance(config, dict) else None
+
+
+def refusal_problems(
+    contract: Contract, root: Path, installed: Path | None, export: str | None = None, release: str = ""
+) -> list[Problem]:
+    """:func:`new_refusals` of the release under ``root`` against the installed one (``--against``).
+
+    Args:
+        contract: the contract checked.
+        root: the named release's source root.
+        installed: the installed release's root (None: not installed, nothing to compare with).
+        export: an export directory whose ``config.json`` is checked instead of what export writes.
+        release: how the report names the release.
+    """
+    if installed is None or not (installed / contract.engine).is_dir():
+        return [Problem("refusal", contract.engine, f"{contract.engine} is not installed: the refusals "
+                        "of the named release are not compared with anything", "info")]  # fmt: skip
+    return new_refusals(SourceTree(root), SourceTree(installed), contract, _export_configs(export),
+                        release=release or "this release")  # fmt: skip

@@ -1,0 +1,14 @@
+"""Reading a speculators-format export config (clean): a new check on a field we do not write."""
+
+SUPPORTED = {"eagle3": "Eagle3Speculator"}
+
+
+def load(config_dict: dict) -> dict:
+    kind = config_dict.get("speculators_model_type")
+    if kind not in SUPPORTED:
+        raise ValueError(f"unsupported {kind}")
+    if config_dict.get("draft_tp_size", 1) != 1:
+        raise ValueError("draft tensor parallelism is not supported")
+    spec = config_dict["speculators_config"]
+    tokens = spec["proposal_methods"][0]["speculative_tokens"]
+    return {"tokens": tokens, "hidden": config_dict.get("target_hidden_size")}
