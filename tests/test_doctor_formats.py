@@ -204,3 +204,11 @@ def test_release_pins_that_conflict_with_the_environment():
         v2, python="3.99.1", installed={"torch": "0.0.1+cpu", "transformers": "5.0"}.get
     )
     assert pinned == []
+
+
+def test_registered_keys_of_a_tuple_table_and_of_one_built_at_run_time():
+    """A tuple/list/set of names is a table of its strings (it read as empty: a false BREAK "accepts only []");
+    a table built by a call is unknown (None), not empty."""
+    assert registered_keys(ast.parse('SUPPORTED = ("eagle3", "mtp")'), "SUPPORTED") == ("eagle3", "mtp")
+    assert registered_keys(ast.parse('SUPPORTED = ["eagle3"]'), "SUPPORTED") == ("eagle3",)
+    assert registered_keys(ast.parse("SUPPORTED = dict(eagle3=1)"), "SUPPORTED") is None

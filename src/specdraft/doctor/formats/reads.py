@@ -311,6 +311,10 @@ def registered_keys(module: ast.Module, table: str) -> tuple[str, ...] | None:
             found = True
             if isinstance(s.value, ast.Dict):
                 keys += [k for k in (_const_str(k) for k in s.value.keys) if k]
+            elif isinstance(s.value, (ast.Tuple, ast.List, ast.Set)):  # SUPPORTED = ("eagle3", ...)
+                keys += [k for k in (_const_str(e) for e in s.value.elts) if k]
+            else:  # built at run time (a call, a comprehension): its keys are not known, not "none"
+                return None
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in s.decorator_list:
                 if isinstance(d, ast.Call) and dotted_name(d.func).split(".")[-1] in fillers and d.args:
