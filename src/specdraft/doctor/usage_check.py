@@ -45,6 +45,10 @@ def _names(contract, tree: SourceTree) -> list[Problem]:
                                     "warning", fix="update name_sources in specdraft/engine/usage.py"))  # fmt: skip
             continue
         gone = [n for n in declared.get(kind, ()) if n not in strings]
+        for n in [n for n in gone if n in contract.optional_env_vars]:
+            gone.remove(n)
+            problems.append(Problem("names", kind, f"{n} is not read by this release: "
+                                    f"{contract.optional_env_vars[n]}", "warning"))  # fmt: skip
         if gone:
             problems.append(Problem("names", kind, f"{kind}(s) {gone} no longer defined in {list(modules)}",
                                     location=str(tree.module_path(modules[0]) or modules[0]),

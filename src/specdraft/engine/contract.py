@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdraft.engine.formats import VLLM_FORMATS, ExportFormat
@@ -46,6 +46,7 @@ from specdraft.engine.usage import (
     VLLM_METRICS,
     VLLM_NAME_SOURCES,
     VLLM_OPTION_KEYS,
+    VLLM_OPTIONAL_ENV_VARS,
     Convention,
     OptionKeys,
 )
@@ -176,6 +177,9 @@ class Contract:
     option_keys: tuple[OptionKeys, ...] = ()  # keys of dict-valued options (speculative_config, ...)
     metrics: tuple[str, ...] = ()  # metric names read from the engine
     env_vars: tuple[str, ...] = ()  # environment variables set for the engine
+    optional_env_vars: Mapping[str, str] = field(
+        default_factory=dict
+    )  # of those, not read by every release: what is lost
     name_sources: tuple[tuple[str, tuple[str, ...]], ...] = ()  # where doctor finds metric/env names
 
     @property
@@ -442,6 +446,7 @@ VLLM_CONTRACT = Contract(
     option_keys=VLLM_OPTION_KEYS,
     metrics=VLLM_METRICS,
     env_vars=VLLM_ENV_VARS,
+    optional_env_vars=VLLM_OPTIONAL_ENV_VARS,
     name_sources=VLLM_NAME_SOURCES,
 )
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 __all__ = [
     "VLLM_CONVENTIONS",
     "VLLM_ENV_VARS",
+    "VLLM_OPTIONAL_ENV_VARS",
     "VLLM_METRICS",
     "VLLM_NAME_SOURCES",
     "VLLM_OPTION_KEYS",
@@ -172,6 +173,11 @@ VLLM_ENV_VARS: tuple[str, ...] = (
     "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS",
     "PYTHONPATH",
 )
+#: of those, the ones a release may not read at all, and what is lost there (doctor warns, never breaks)
+VLLM_OPTIONAL_ENV_VARS: dict[str, str] = {
+    "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "workers get the release's own shutdown grace and may be force-killed "
+    "at shutdown (noise in the log, not a failure: the run's outputs are complete by then)",
+}
 
 #: where doctor looks for each kind of name in the engine's source (``VLLM_*`` variables only: PYTHONPATH
 #: is the interpreter's)
