@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import threading
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,22 +28,39 @@ class ShardSource:
 
 
 class OnlineSource:
-    """Samples captured from the target in process (online): same dicts as the shards give."""
+    """Samples captured from the target (online): the same dicts as the shards give.
 
-    def __init__(self, dataset, capture):
+    The capture is the transformers backend in this process or a vLLM engine (its own processes); a lock
+    serialises it, as the background loader and a validation may ask at once. `max_length` cuts each
+    sample before the capture (the trainer reads no further; the target is causal, so the rows kept are
+    the same).
+    """
+
+    def __init__(self, dataset, capture, max_length: int | None = None):
         self.dataset = dataset
         self.capture = capture
+        self.max_length = max_length
+        self._lock = threading.Lock()
 
     def load(self, sids: list[int]) -> list[dict]:
-        hs = self.capture.run([self.dataset.input_ids[s] for s in sids])
+        cut = slice(0, self.max_length)
+        ids = [list(self.dataset.input_ids[s])[cut] for s in sids]
+        with self._lock:
+            hs = self.capture.run(ids)
         return [
             {
-                "input_ids": torch.as_tensor(self.dataset.input_ids[s]),
-                "loss_mask": torch.as_tensor(self.dataset.loss_mask[s]),
+                "input_ids": torch.as_tensor(i),
+                "loss_mask": torch.as_tensor(self.dataset.loss_mask[s])[cut],
                 "hidden": h.clone(),
             }  # clone: capture runs in inference mode  # fmt: skip
-            for s, h in zip(sids, hs)
+            for s, i, h in zip(sids, ids, hs)
         ]
+
+    def close(self) -> None:
+        """End the capture's engine (vLLM's processes); the transformers backend has nothing to end."""
+        close = getattr(self.capture, "close", None)
+        if close:
+            close()
 
 
 @dataclass

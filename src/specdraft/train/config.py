@@ -21,6 +21,9 @@ class TrainConfig:
     allow_partial: bool = False  # train on an incomplete extraction (samples missing), saying how many
     online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
     layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
+    backend: str = "hf"  # --online: capture in process with transformers (hf) or through a vLLM engine (vllm)
+    tensor_parallel_size: int = 1  # --online --backend vllm: the engine's tensor parallel size
+    engine_args: str = ""  # --online --backend vllm: more vllm.LLM options (JSON), checked before loading
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
     norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
@@ -57,7 +60,8 @@ class TrainConfig:
     attention_chunk: int = 1 << 25  # TTT attention: causal scores held at a time (elements; memory, not math)
     checkpoint_head: str = "auto"  # recompute lm_head + loss in backward: on, off, or auto (on when K x tokens x Vd activations exceed 2 GiB)
     checkpoint_layer: bool = False  # recompute each TTT step's layer in backward (long samples)
-    prefetch: bool = True  # load the next batch from the shards in a background thread
+    prefetch: bool = True  # load (shards) or capture (--online --backend vllm) batches in a background thread
+    prefetch_depth: int = 2  # how many batches the background thread prepares ahead (a bounded queue)
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
     progress: bool = True  # show a progress bar
 
@@ -101,6 +105,18 @@ class TrainConfig:
             errs.append(f"--device {self.device}: CUDA is not available here; use --device cpu")
         if self.layers is not None and not self.online:
             errs.append("--layers applies to --online only (offline, the shards' layer ids are used)")
+        if self.backend not in ("hf", "vllm"):
+            errs.append(f"--backend must be hf or vllm, not {self.backend!r}")
+        elif self.backend == "vllm" and not self.online:
+            errs.append(
+                "--backend vllm applies to --online only (offline, the shards hold the hidden states)"
+            )
+        if self.backend != "vllm" and (self.tensor_parallel_size != 1 or self.engine_args):
+            errs.append(
+                "--tensor-parallel-size and --engine-args are vLLM options: add --online --backend vllm"
+            )
+        if self.tensor_parallel_size < 1 or self.prefetch_depth < 1:
+            errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
         if self.max_length < 3:
             errs.append("--max-length must be at least 3 (a draft position needs tokens t, t+1, t+2)")
         return errs
@@ -109,4 +125,4 @@ class TrainConfig:
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
-                "val_every", "prefetch", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip
+                "val_every", "prefetch", "prefetch_depth", "tensor_parallel_size", "engine_args", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip

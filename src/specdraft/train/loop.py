@@ -16,7 +16,7 @@ import functools
 import math
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from torch import nn
 
 from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import EMBED_KEY, latest_checkpoint, load_draft, save_draft
+from specdraft.train.ahead import Ahead
 from specdraft.train.batches import (
     Batch,
     _plan_hash,
@@ -120,6 +121,7 @@ class _Meter:
     padded: int = 0  # tokens including the padding of each rank's batch
     data_time: float = 0.0
     step_time: float = 0.0
+    loader_busy: float = 0.0  # seconds the background loader spent loading (capturing, online)
 
     def count(self, batch_n: torch.Tensor, part: int, parts: int) -> int:
         """Count one step's tokens: share `part` of `parts` of its batch's global (data, padded) tokens
@@ -142,6 +144,10 @@ def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
         errors.append(
             f"{shards} is not a directory: pass an extraction directory (or --online with a dataset)"
         )
+    if cfg.online and cfg.backend == "vllm" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        errors.append("--online --backend vllm runs in one process for now: drop torchrun (the engine's "
+                      "--tensor-parallel-size spreads the target over the GPUs), or extract shards and train "
+                      "offline under torchrun")  # fmt: skip
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None and not cfg.resume:
         errors.append(f"{out_dir} already holds checkpoints (newest {ckpt.name}): pass --resume to continue, "
@@ -402,7 +408,8 @@ def _train_record(
             **_step_means(kl_g, ag_g, counts, run.cfg.decay), "lr": run.scheduler.get_last_lr()[0],
             "grad_norm": gnorm, "tokens": tokens,
             "tokens_per_s": meter.tokens / max(dt, 1e-9), "data_share": meter.data_time / max(meter.step_time, 1e-9),
-            "pad_share": 1 - meter.tokens / max(meter.padded, 1)}  # fmt: skip
+            "pad_share": 1 - meter.tokens / max(meter.padded, 1),
+            "loader_idle_share": max(0.0, 1 - meter.loader_busy / max(dt, 1e-9))}  # fmt: skip
 
 
 def _step_means(kl: torch.Tensor, agree: torch.Tensor, counts: torch.Tensor, decay: float) -> dict:
@@ -524,7 +531,33 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
 
     # --- setup: processes, data, draft, teacher, optimizer, schedule ----------------------------------------
     run = _build(shards, out_dir, cfg)
+    try:
+        return _train(run, ckpt)
+    finally:  # an online source's engine (vLLM: other processes) ends with the run, failed or not
+        getattr(run.st.source, "close", lambda: None)()
 
+
+def _print_waits(ahead: Ahead, threaded: bool) -> None:
+    """Online: the share of the run the trainer waited on the target, and (captured ahead) the reverse."""
+    wall = max(time.time() - ahead.t_start, 1e-9)
+    line = f"train: online: the trainer waited on the target {ahead.wait_total / wall:.0%} of the run"
+    if threaded:
+        line += f"; the target waited on the trainer {max(0.0, 1 - ahead.busy_total / wall):.0%}"
+    print(line, flush=True)
+
+
+def _upcoming(run: _Run, cur: _Cursor) -> Iterator[list[int]]:
+    """The sample ids of each batch from `cur`'s on, in training order, until the last step."""
+    n_parts = run.cfg.steps_per_batch
+    while cur.step < run.total:
+        yield cur.plan[cur.idx // n_parts]
+        for _ in range(n_parts - cur.idx % n_parts):  # to the first step of the next batch
+            cur = _advance(run, cur)
+
+
+def _train(run: _Run, ckpt: Path | None) -> Path:
+    """Resume, log, the loop and the end of a built run (`train_loop`)."""
+    cfg, out_dir = run.cfg, run.out_dir
     # --- resume: model, optimizer, scheduler, RNG; the data position follows from the step ------------------
     start = _resume(run, ckpt) if cfg.resume else 0
 
@@ -541,27 +574,26 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
 
     bar = tqdm(total=run.total, initial=start, disable=run.rank != 0 or not cfg.progress, unit="step",
                dynamic_ncols=True)  # fmt: skip
-    pool = ThreadPoolExecutor(1) if cfg.prefetch and not cfg.online else None
     cur = _cursor_at(run, start)
     n_parts = cfg.steps_per_batch
-    pending = pool.submit(_load, run, cur.plan[cur.idx // n_parts]) if pool else None
+    # batches loaded (shards) or captured (online through vLLM) ahead by a background thread, in plan order
+    threaded = cfg.prefetch and (not cfg.online or cfg.backend == "vllm")
+    ahead = Ahead(lambda sids: _load(run, sids), _upcoming(run, cur), cfg.prefetch_depth if threaded else 0)
     meter = _Meter()
     whole, batch_n = None, torch.zeros(2, dtype=torch.long)
     run.model.train()
     try:
         while cur.step < run.total:
             t0 = time.time()
-            # data: this step's rows (prefetched), the next batch's load started in the background; with
-            # --steps-per-batch N a batch serves N steps, step j scoring the j-th share of its loss mask
+            # data: this step's rows (prepared ahead); with --steps-per-batch N a batch serves N steps, step j
+            # scoring the j-th share of its loss mask
             sids, part = cur.plan[cur.idx // n_parts], cur.idx % n_parts
             if whole is None or part == 0:
-                whole = _to_device(pending.result() if pending else _load(run, sids), run.device)
+                whole = _to_device(ahead.take(), run.device)
                 # (2,) the batch's global data and padded tokens; the meter counts this step's share of them
                 batch_n = _all_sum(torch.tensor([whole.tokens, whole.input_ids.numel()]))  # int64: exact
             tokens = meter.count(batch_n, part, n_parts)  # the tokens this step trains on
             nxt = _advance(run, cur)
-            if pool and nxt.step < run.total and nxt.idx % n_parts == 0:
-                pending = pool.submit(_load, run, nxt.plan[nxt.idx // n_parts])
             b = whole if n_parts == 1 else replace(whole, loss_mask=loss_part(whole.loss_mask, part, n_parts))
             t_data = time.time() - t0
 
@@ -582,8 +614,9 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             meter.step_time += time.time() - t0
             meter.data_time += t_data
 
-            # log: global per-step KL and accuracy, tokens/s, data-loading share
+            # log: global per-step KL and accuracy, tokens/s, the trainer's and the loader's wait shares
             if cur.step % cfg.log_every == 0 or cur.step == run.total:
+                meter.loader_busy = ahead.busy_seconds()
                 rec = _train_record(run, cur.step, kl_s, agree_s, counts, gnorm, tokens, meter)
                 log(rec)
                 bar.set_postfix_str(_postfix(rec))
@@ -598,8 +631,9 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
             _after_step(cur.step)
     finally:
         bar.close()
-        if pool:
-            pool.shutdown(wait=True, cancel_futures=True)
+        ahead.close()
+    if run.rank == 0 and cfg.online:
+        _print_waits(ahead, threaded)
 
     # --- end: final checkpoint (the weights trained, and --ema's average), final validation, the trained draft --
     _checkpoint(run, cur.step)

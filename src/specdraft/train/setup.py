@@ -48,24 +48,50 @@ class _Opened:
 
 
 def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
-    """A prepared dataset and the target that captures its hidden states batch by batch."""
-    from specdraft.capture.hf import HFCapture
+    """A prepared dataset and the target that captures its hidden states batch by batch: in this process
+    (transformers), or through a vLLM engine (`--backend vllm`), with only the target's embeddings, final
+    norm and lm_head loaded here for the teacher (`model.frozen`), as offline."""
     from specdraft.data.prepare import load_dataset
-    from specdraft.targets import capture_layer_ids, load_target
 
     ds = load_dataset(data)
-    tgt = load_target(cfg.target or ds.manifest.get("target") or "smollm2-135m", device=str(device), dtype=target_dtype,
-                      with_tokenizer=False, trust_remote_code=cfg.trust_remote_code)  # fmt: skip
-    layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
+    name = cfg.target or ds.manifest.get("target") or "smollm2-135m"
     n = min(len(ds), cfg.max_samples) if cfg.max_samples else len(ds)
     sids = list(range(n))
     lengths = {s: len(ds.input_ids[s]) for s in sids}
-    counts = ds.token_counts
-    pad = tgt.model.config.get_text_config().pad_token_id
-    source = OnlineSource(ds, HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0))
-    prov = {"mode": "online", "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
+    if cfg.backend == "vllm":
+        max_len = min(max(lengths.values(), default=1), cfg.max_length)
+        tgt, layer_ids, capture = _vllm_capture(name, cfg, device, target_dtype, max_len)
+    else:
+        from specdraft.capture.hf import HFCapture
+        from specdraft.targets import capture_layer_ids, load_target
+
+        tgt = load_target(name, device=str(device), dtype=target_dtype, with_tokenizer=False,
+                          trust_remote_code=cfg.trust_remote_code)  # fmt: skip
+        layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
+        pad = tgt.model.config.get_text_config().pad_token_id
+        capture = HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0)
+    source = OnlineSource(ds, capture, cfg.max_length)
+    prov = {"mode": "online", "backend": cfg.backend, "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
             "dataset_hash": ds.content_hash, "rendering": rendering_of(ds.manifest)}  # fmt: skip
-    return _Opened(source, lengths, counts, tgt, layer_ids, prov)
+    return _Opened(source, lengths, ds.token_counts, tgt, layer_ids, prov)
+
+
+def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str, max_len: int):
+    """(the target's frozen parts, the layer ids, a vLLM capture engine of the target): the options are
+    checked against the installed vLLM before anything loads."""
+    from specdraft.capture.vllm import VLLMCapture, check_engine_args
+    from specdraft.engine.options import parse_engine_args
+    from specdraft.model.frozen import load_frozen
+    from specdraft.targets import capture_layer_ids, locate_target
+
+    user = check_engine_args(parse_engine_args(cfg.engine_args))
+    tgt = load_frozen(name, device=str(device), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
+    local = locate_target(name, need="config")
+    cap = VLLMCapture(str(local) if local else name, layer_ids, dtype=dtype, max_model_len=max_len,
+                      tensor_parallel_size=cfg.tensor_parallel_size, trust_remote_code=cfg.trust_remote_code,
+                      engine_args=user, seed=cfg.seed)  # fmt: skip
+    return tgt, layer_ids, cap
 
 
 def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
