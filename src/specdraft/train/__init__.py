@@ -7,11 +7,13 @@ The rest, in the order `train` uses it:
 - `config.py`: `TrainConfig`, the settings (each field's comment is its --help), and their checks.
 - `setup.py`: open the data (shards, or a dataset + the target online), build the draft and the teacher.
 - `batches.py`: sample sources, length-grouped batch plans, collation into a padded `Batch`.
+- `ahead.py`: batches loaded (shards) or captured (online through vLLM) ahead of the trainer, a bounded queue.
 - `ttt.py`: the TTT unroll, its attention mask, the teacher head and the loss (`TTTModel`).
 - `distributed.py`: the torchrun process group, DDP / FSDP2 wrapping, all-reduces.
 - `checkpoint.py`: write, prune and restore resumable checkpoints (draft files via `model.checkpoint`).
-- `metrics.py`: OUT/metrics.jsonl (+ TensorBoard); `plot.py`: training.png from it.
+- `metrics.py`: OUT/metrics.jsonl and the trackers of --report-to (TensorBoard, W&B, Trackio, MLflow, each
+  offline/local); `plot.py`: training.png from it.
 
-May import: `fileio`, `targets`, `data`, `model`, `capture` (online mode pulls hidden states from a
-target in process).
+May import: `fileio`, `targets`, `engine`, `data`, `model`, `capture` (online mode pulls hidden states from
+a target in process or through a vLLM engine).
 """

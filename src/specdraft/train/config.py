@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdraft.train.metrics import tracker_problems
+
 
 @dataclass
 class TrainConfig:
@@ -63,6 +65,9 @@ class TrainConfig:
     prefetch: bool = True  # load (shards) or capture (--online --backend vllm) batches in a background thread
     prefetch_depth: int = 2  # how many batches the background thread prepares ahead (a bounded queue)
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
+    report_to: str = (
+        ""  # also report to, comma-separated: tensorboard, wandb, trackio, mlflow (offline, in OUT)
+    )
     progress: bool = True  # show a progress bar
 
     def problems(self) -> list[str]:
@@ -117,6 +122,7 @@ class TrainConfig:
             )
         if self.tensor_parallel_size < 1 or self.prefetch_depth < 1:
             errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
+        errs += tracker_problems(self.report_to)
         if self.max_length < 3:
             errs.append("--max-length must be at least 3 (a draft position needs tokens t, t+1, t+2)")
         return errs
@@ -124,5 +130,5 @@ class TrainConfig:
 
 _DEFAULTS = TrainConfig()
 # settings that may change on --resume without breaking exactness
-_RESUME_FREE = {"resume", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "log_every",
+_RESUME_FREE = {"resume", "progress", "tensorboard", "report_to", "checkpoint_every", "keep_checkpoints", "log_every",
                 "val_every", "prefetch", "prefetch_depth", "tensor_parallel_size", "engine_args", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip

@@ -1,25 +1,152 @@
-"""The run's record: OUT/metrics.jsonl, one JSON record a line (+ TensorBoard in OUT/tb); rank 0 writes."""
+"""The run's record: OUT/metrics.jsonl, one JSON record a line (+ the trackers of --report-to); rank 0 writes.
+
+Experiment trackers a run also reports to (`train --report-to`), each in its own offline or local mode.
+
+Every tracker is an optional extra (`pip install specdraft[tracking]`, or the one library), imported only
+when named, and writes under OUT so a run keeps its record with it:
+
+| name | library's mode | where |
+| --- | --- | --- |
+| tensorboard | `torch.utils.tensorboard.SummaryWriter` | OUT/tb |
+| wandb | `wandb.init(mode="offline")`; `wandb sync OUT/wandb/offline-run-*` uploads it later | OUT/wandb |
+| trackio | local SQLite store (`TRACKIO_DIR`), `trackio show` reads it | OUT/trackio |
+| mlflow | a file store (`file:` tracking URI), `mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
+
+Each receives the scalars of every metrics record as `split/name` (lists as `split/name_i`) at the record's
+step, and the run's settings once.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from specdraft.fileio import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 
 
+TRACKERS = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "trackio": "trackio",
+    "mlflow": "mlflow",
+}  # name: module
+
+
+def tracker_names(report_to: str) -> list[str]:
+    """The trackers named in `--report-to` (comma-separated), in order, without repeats."""
+    return list(dict.fromkeys(n.strip() for n in report_to.split(",") if n.strip()))
+
+
+def tracker_problems(report_to: str) -> list[str]:
+    """User errors of `--report-to`: unknown names, and libraries not installed (with the install line)."""
+    errs = []
+    for n in tracker_names(report_to):
+        if n not in TRACKERS:
+            errs.append(f"--report-to: unknown tracker {n!r}; choose among {', '.join(TRACKERS)}")
+        elif importlib.util.find_spec(TRACKERS[n]) is None:
+            errs.append(
+                f"--report-to {n}: the {TRACKERS[n]} package is not installed: pip install {TRACKERS[n]}"
+            )
+    return errs
+
+
+def scalars(rec: dict) -> dict[str, float]:
+    """A metrics record's numbers as tracker scalars: `split/name`, list entries as `split/name_i`."""
+    split, out = rec.get("split", "train"), {}
+    for k, v in rec.items():
+        if isinstance(v, bool) or k in ("step", "split"):
+            continue
+        if isinstance(v, (int, float)):
+            out[f"{split}/{k}"] = float(v)
+        elif isinstance(v, list):
+            out.update({f"{split}/{k}_{i}": float(x) for i, x in enumerate(v) if isinstance(x, (int, float))})
+    return out
+
+
+class _TensorBoard:
+    def __init__(self, out_dir: Path, name: str, config: dict):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.w = SummaryWriter(str(out_dir / "tb"))
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            self.w.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.w.close()
+
+
+class _Wandb:
+    def __init__(self, out_dir: Path, name: str, config: dict):
+        import wandb
+
+        self.run = wandb.init(project="specdraft", name=name, dir=str(out_dir), config=config, mode="offline")
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _Trackio:
+    def __init__(self, out_dir: Path, name: str, config: dict):
+        os.environ.setdefault("TRACKIO_DIR", str(out_dir / "trackio"))  # read when trackio is imported
+        import trackio
+
+        self.t = trackio
+        self.t.init(project="specdraft", name=name, config=config)
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.t.log(values, step=step)
+
+    def close(self) -> None:
+        self.t.finish()
+
+
+class _Mlflow:
+    def __init__(self, out_dir: Path, name: str, config: dict):
+        import mlflow
+
+        self.m = mlflow
+        mlflow.set_tracking_uri((out_dir / "mlruns").resolve().as_uri())
+        mlflow.set_experiment("specdraft")
+        self.run = mlflow.start_run(run_name=name)
+        mlflow.log_params({k: str(v)[:250] for k, v in config.items()})
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.m.log_metrics(values, step=step)
+
+    def close(self) -> None:
+        self.m.end_run()
+
+
+_CLASSES = {"tensorboard": _TensorBoard, "wandb": _Wandb, "trackio": _Trackio, "mlflow": _Mlflow}
+
+
+def open_trackers(names: list[str], out_dir: Path, config: dict[str, Any]) -> list:
+    """One open tracker per name (checked by `tracker_problems` before the run), named after OUT."""
+    return [_CLASSES[n](out_dir, out_dir.resolve().name, config) for n in names]
+
+
 class MetricsLog:
-    """Append records to OUT/metrics.jsonl (and TensorBoard scalars); a no-op on ranks other than 0.
+    """Append records to OUT/metrics.jsonl (and to the trackers of --report-to); a no-op on ranks other than 0.
 
     A fresh run starts an empty file; a resumed one drops the records past its checkpoint (they are redone).
+    `tensorboard` (the default) adds TensorBoard when it is installed and not named already.
     """
 
-    def __init__(self, out_dir: Path, rank: int, resume: bool, start: int, tensorboard: bool):
+    def __init__(self, out_dir: Path, rank: int, resume: bool, start: int, tensorboard: bool,
+                 report_to: str = "", config: dict | None = None):  # fmt: skip
         self.path = out_dir / METRICS_FILE
         self.rank = rank
-        self.tb = None
+        self.trackers: list = []
         if rank != 0:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -28,27 +155,20 @@ class MetricsLog:
             atomic_write_text(self.path, "".join(ln + "\n" for ln in keep))
         elif not resume:
             self.path.write_text("")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(out_dir / "tb"))
-            except ImportError:
-                self.tb = None
+        names = tracker_names(report_to)
+        if tensorboard and "tensorboard" not in names and importlib.util.find_spec("tensorboard") is not None:
+            names.append("tensorboard")
+        self.trackers = open_trackers(names, out_dir, config or {})
 
     def __call__(self, rec: dict) -> None:
         if self.rank != 0:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        if self.tb is not None:
-            for k, v in rec.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(f"{rec.get('split', 'train')}/{k}", v, rec["step"])
-                elif isinstance(v, list):
-                    for i, x in enumerate(v):
-                        self.tb.add_scalar(f"{rec.get('split', 'train')}/{k}_{i}", x, rec["step"])
+        values = scalars(rec)
+        for t in self.trackers:
+            t.log(values, rec["step"])
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for t in self.trackers:
+            t.close()

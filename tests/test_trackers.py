@@ -1,0 +1,74 @@
+"""train --report-to: every metrics record reaches each named tracker (wandb, trackio, mlflow: stand-ins of their
+APIs, as the libraries are optional extras not installed here) at its step, the run's settings once, and each
+tracker is closed at the end; unknown or missing trackers are refused before anything runs."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import sys
+import types
+
+import pytest
+from test_train_rough_edges import cfg, shards  # noqa: F401  (the module's fixture)
+
+from specdraft.train.loop import train
+from specdraft.train.metrics import scalars
+
+
+class Calls(list):
+    def __call__(self, *args, **kwargs):
+        self.append((args, kwargs))
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for k, v in attrs.items():
+        setattr(m, k, v)
+    return m
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """Stand-ins of the three libraries' calls, recording them."""
+    rec: dict[str, Calls] = {k: Calls() for k in ("wandb.init", "wandb.log", "wandb.finish", "trackio.init",
+                                                  "trackio.log", "trackio.finish", "mlflow.log_params",
+                                                  "mlflow.log_metrics", "mlflow.end_run", "mlflow.uri")}  # fmt: skip
+    run = types.SimpleNamespace(log=rec["wandb.log"], finish=rec["wandb.finish"])
+    wandb = _module("wandb", init=lambda **kw: rec["wandb.init"](**kw) or run)
+    trackio = _module(
+        "trackio", init=rec["trackio.init"], log=rec["trackio.log"], finish=rec["trackio.finish"]
+    )
+    mlflow = _module("mlflow", set_tracking_uri=rec["mlflow.uri"], set_experiment=lambda name: None,
+                     start_run=lambda run_name: None, log_params=rec["mlflow.log_params"],
+                     log_metrics=rec["mlflow.log_metrics"], end_run=rec["mlflow.end_run"])  # fmt: skip
+    for m in (wandb, trackio, mlflow):
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    return rec
+
+
+def test_every_record_reaches_every_tracker_at_its_step(tmp_path, shards, fakes):  # noqa: F811
+    out = tmp_path / "run"
+    train(str(shards), str(out), cfg(max_steps=3, report_to="wandb,trackio,mlflow"))
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    want = [(scalars(r), r["step"]) for r in recs]
+    assert len(want) == 3 and "train/loss" in want[0][0] and "train/acc_1" in want[0][0]
+    assert [(a[0], kw["step"]) for a, kw in fakes["wandb.log"]] == want
+    assert [(a[0], kw["step"]) for a, kw in fakes["trackio.log"]] == want
+    assert [(a[0], kw["step"]) for a, kw in fakes["mlflow.log_metrics"]] == want
+    init = fakes["wandb.init"][0][1]
+    assert init["mode"] == "offline" and init["dir"] == str(out) and init["config"]["max_steps"] == 3
+    assert fakes["trackio.init"][0][1]["config"]["report_to"] == "wandb,trackio,mlflow"
+    assert fakes["mlflow.uri"][0][0][0] == (out / "mlruns").resolve().as_uri()
+    assert fakes["mlflow.log_params"][0][0][0]["lr"] == str(3e-3)
+    assert len(fakes["wandb.finish"]) == len(fakes["trackio.finish"]) == len(fakes["mlflow.end_run"]) == 1
+
+
+def test_unknown_or_missing_trackers_are_refused_before_the_run(tmp_path, shards, monkeypatch):  # noqa: F811
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "wandb" else object())
+    with pytest.raises(ValueError) as e:
+        train(str(shards), str(tmp_path / "run"), cfg(report_to="wandb,neptune"))
+    assert "pip install wandb" in str(e.value) and "unknown tracker 'neptune'" in str(e.value)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
