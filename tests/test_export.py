@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import build_tiny_model, needs_vllm
 
-from specdraft.export import FORMATS, export, export_config, export_state, validate
+from specdraft.export import FORMATS, export, export_config, export_state, named_hub_id, validate
 from specdraft.model.checkpoint import save_draft
 from specdraft.model.draft import build_draft
 from specdraft.targets import wrap_model
@@ -249,3 +249,139 @@ def test_export_of_a_draft_vllm_cannot_serve_prints_no_vllm_command(tmp_path, ca
     out = capsys.readouterr().out
     assert "vLLM cannot serve this draft" in out and "GemmaForCausalLM" in out
     assert "vllm serve" not in out and "--format eagle3" in out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the target's hub id, and the serve commands every supported vLLM release accepts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _export_with(tmp_path, target, target_dir, capsys, **kw):
+    """Export a small draft against `target_dir`; (config.json, marker, printed lines)."""
+    from specdraft.export import MARKER_FILE
+
+    save_draft(make_draft(target), tmp_path / "d")
+    out = tmp_path / "out"
+    assert export(str(tmp_path / "d"), str(out), target=str(target_dir), check_vllm=False, **kw) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    marker = json.loads((out / MARKER_FILE).read_text())
+    return cfg, marker, capsys.readouterr().out
+
+
+def test_verifier_option_is_recorded(tmp_path, target, target_dir, capsys):
+    """--verifier ORG/NAME is what the speculators config names; the marker keeps the local target too."""
+    cfg, marker, out = _export_with(tmp_path, target, target_dir, capsys, verifier="acme/tiny-llama")
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "acme/tiny-llama"
+    assert (marker["verifier"], marker["verifier_from"], marker["target"]) == (
+        "acme/tiny-llama", "--verifier", str(target_dir)
+    )  # fmt: skip
+    assert marker["verifier_note"] is None and named_hub_id(tmp_path / "out") == "acme/tiny-llama"
+    assert f"serve: vllm serve {tmp_path / 'out'}   # its config names the target, acme/tiny-llama" in out
+    assert "verifier: acme/tiny-llama (the target's Hugging Face id, from --verifier)" in out
+    for bad in (
+        str(target_dir),
+        "tiny-llama",
+        "acme/../x",
+    ):  # a path, no ORG, not a valid id: refused at once
+        with pytest.raises(ValueError, match="--verifier must be the target's Hugging Face id ORG/NAME"):
+            export(str(tmp_path / "d"), str(tmp_path / "out2"), target=str(target_dir), verifier=bad)
+    assert not (tmp_path / "out2").exists()
+
+
+def _copy_target(src, dest, name_or_path=None):
+    """A copy of the target directory, its config's `_name_or_path` set when given."""
+    import shutil
+
+    shutil.copytree(src, dest)
+    if name_or_path is not None:
+        cfg = json.loads((dest / "config.json").read_text())
+        (dest / "config.json").write_text(json.dumps({**cfg, "_name_or_path": name_or_path}))
+    return dest
+
+
+def test_hub_id_read_from_the_target(tmp_path, target, target_dir, capsys):
+    """The target config's `_name_or_path` when it is ORG/NAME (not a path), or a Hugging Face cache snapshot's
+    ORG/NAME; a path in `_name_or_path` is no hub id."""
+    from specdraft.export import find_hub_id
+
+    named = _copy_target(target_dir, tmp_path / "named", "acme/tiny-llama")
+    cfg, marker, out = _export_with(tmp_path / "a", target, named, capsys)
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "acme/tiny-llama"
+    assert marker["verifier_from"] == "its config's _name_or_path" and "# its config names the target" in out
+    snap = _copy_target(target_dir, tmp_path / "hub" / "models--acme--tiny-2" / "snapshots" / "0123abc")
+    assert find_hub_id(str(snap), snap) == ("acme/tiny-2", "its Hugging Face cache path")
+    pathy = _copy_target(target_dir, tmp_path / "pathy", "/fsx/ckpt/tiny")
+    assert find_hub_id(str(pathy), pathy) == (None, "")
+    assert find_hub_id("acme/tiny-3", None) == ("acme/tiny-3", "--target")  # given as a cached hub id
+    assert find_hub_id("smollm2-135m", None)[0] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_only_a_local_path_is_said_plainly(tmp_path, target, target_dir, capsys):
+    """No hub id known: the export names the local path, says so in one line with the fix (printed and in the
+    marker), and prints no `vllm serve EXPORT` (vLLM 0.33 refuses a local verifier) but says where it works."""
+    cfg, marker, out = _export_with(tmp_path, target, target_dir, capsys)
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target_dir)
+    assert (
+        marker["verifier"] is None
+        and marker["target"] == str(target_dir)
+        and not named_hub_id(tmp_path / "out")
+    )
+    plain = (
+        f"the export names only the target's local path {target_dir}, which exists on this machine alone: "
+        "pass --verifier ORG/NAME (the target's Hugging Face id)"
+    )
+    assert marker["verifier_note"] == plain and f"verifier: {plain}" in out.splitlines()[1]
+    serves = [line for line in out.splitlines() if "serve: vllm serve" in line]
+    assert serves == [
+        f"  serve: vllm serve {target_dir} --speculative-config "
+        f'\'{{"method": "eagle3", "model": "{tmp_path / "out"}", "num_speculative_tokens": 3}}\''
+    ]
+    assert "note: `vllm serve EXPORT` works on vLLM 0.16.0-0.32.0 only: vLLM 0.33.0 refuses" in out
+
+
+@pytest.mark.parametrize("hub", [None, "acme/tiny-llama"])
+def test_printed_serve_commands_match_the_table(hub):
+    """Every vLLM command printed is a form of SERVE_FORMS that every release 0.16.0..0.33.0 accepts, and each
+    such form is printed; each applicable form that only some releases accept is a note naming them."""
+    from specdraft.export import SERVE_FORMS, VLLM_RELEASES, serve_commands, serve_notes
+
+    assert VLLM_RELEASES == ("0.16.0", "0.33.0")
+    cmds = [c for c in serve_commands("/t", "/x", None, 3, hub=hub) if c.startswith("vllm")]
+    by_name = {f.name: f for f in SERVE_FORMS}
+    want = [
+        "the target with --speculative-config",
+        f"the export alone, naming {'a hub id' if hub else 'a local path'}",
+    ]
+    if not hub:  # a local verifier: `vllm serve EXPORT` works on 0.16.0-0.32.0 only, so it is not printed
+        want = want[:1]
+    assert len(cmds) == len(want)
+    for c, name in zip(cmds, want):
+        f = by_name[name]
+        assert (f.first, f.last) == ("0.16.0", "0.33.0") and c.startswith(f.command.split("{")[0])
+    assert '"method": "eagle3"' in cmds[0]  # without a method no release serves it as EAGLE-3
+    notes = serve_notes(hub)
+    partial = [
+        f
+        for f in SERVE_FORMS
+        if f.first and (f.first, f.last) != VLLM_RELEASES and f.needs in ("", "local" if not hub else "hub")
+    ]
+    assert len(notes) == len(partial) and all(
+        f"vLLM {f.first}-{f.last} only" in n for f, n in zip(partial, notes)
+    )
+    assert not any(f.name.endswith("no method") for f in partial)  # accepted by none: never suggested
+
+
+def test_serve_commands_follow_the_table(monkeypatch):
+    """The commands come from the table: a form declared for every release is printed, one narrowed is not."""
+    import dataclasses
+
+    from specdraft import export as ex
+
+    widened = tuple(
+        dataclasses.replace(f, last="0.33.0") if f.needs == "local" else f for f in ex.SERVE_FORMS
+    )
+    monkeypatch.setattr(ex, "SERVE_FORMS", widened)
+    assert "vllm serve /x" in ex.serve_commands("/t", "/x", None, 3)
+    narrowed = tuple(dataclasses.replace(f, first="0.17.0") if not f.needs else f for f in widened)
+    monkeypatch.setattr(ex, "SERVE_FORMS", narrowed)
+    assert not any("--speculative-config" in c for c in ex.serve_commands("/t", "/x", None, 3))

