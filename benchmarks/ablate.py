@@ -93,6 +93,9 @@ ARMS.update({
     "best_spb2_fc_high_decay0.3": {**BEST, "steps_per_batch": 2, "fc_init": "high", "decay": 0.3},
     "best_spb2_fc_high_ema0.99": {**BEST, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99},
 })  # fmt: skip
+for _n in (30, 120, 240):  # issue 27: the bias-corrected --ema at few steps, against the raw weights
+    ARMS[f"best_spb2_fc_high_steps{_n}"] = {**BEST, "steps_per_batch": 2, "fc_init": "high", "max_steps": _n}
+    ARMS[f"best_spb2_fc_high_ema0.99_steps{_n}"] = {**ARMS[f"best_spb2_fc_high_steps{_n}"], "ema": 0.99}
 SEEDS = {  # arms also run with other seeds (the draft's init and the data order): ARM_seedN
     "lr1e-3_tok512_constant": (1, 2),
     "lr1e-3_tok512_constant_prompt_loss": (1,),
