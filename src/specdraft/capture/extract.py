@@ -131,7 +131,7 @@ def extract(
 def _dataset_target(ds, target: str, trust_remote_code: bool) -> str:
     """The target to run: `target`, or the one the dataset was prepared with. Refuses a target whose
     tokenizer is not the dataset's (its token ids would mean other text: hidden states of garbage)."""
-    from specdraft.targets import load_tokenizer, tokenizer_hash
+    from specdraft.targets import load_tokenizer, locate_target, tokenizer_hash
 
     recorded = ds.manifest.get("target")
     if not target:
@@ -139,7 +139,11 @@ def _dataset_target(ds, target: str, trust_remote_code: bool) -> str:
     want = ds.manifest.get("tokenizer_hash")
     if target == recorded or not want:
         return target
-    got = tokenizer_hash(load_tokenizer(target, trust_remote_code=trust_remote_code))
+    locate_target(target, need="config")  # a missing or config-less target: its own one-line error first
+    try:
+        got = tokenizer_hash(load_tokenizer(target, trust_remote_code=trust_remote_code))
+    except (OSError, ValueError):  # no tokenizer beside the weights: nothing to compare
+        return target
     if got != want:
         raise ValueError(
             f"--target {target} has another tokenizer than the one {ds.path} was prepared with ({recorded}): "
