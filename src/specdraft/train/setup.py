@@ -77,20 +77,24 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
 
 
 def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str, max_len: int):
-    """(the target's frozen parts, the layer ids, a vLLM capture engine of the target): the options are
-    checked against the installed vLLM before anything loads."""
-    from specdraft.capture.vllm import VLLMCapture, check_engine_args
+    """(the target's frozen parts, the layer ids, a vLLM capture engine of the target). The engine checks
+    the options against the installed vLLM before anything loads; the frozen parts load after it."""
+    from specdraft.capture.vllm import VLLMCapture
     from specdraft.engine.options import parse_engine_args
     from specdraft.model.frozen import load_frozen
-    from specdraft.targets import capture_layer_ids, locate_target
+    from specdraft.targets import capture_layer_ids, load_text_config, locate_target
 
-    user = check_engine_args(parse_engine_args(cfg.engine_args))
-    tgt = load_frozen(name, device=str(device), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
-    layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
+    text_cfg = load_text_config(name, trust_remote_code=cfg.trust_remote_code)
+    layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, cfg.layers)
     local = locate_target(name, need="config")
     cap = VLLMCapture(str(local) if local else name, layer_ids, dtype=dtype, max_model_len=max_len,
                       tensor_parallel_size=cfg.tensor_parallel_size, trust_remote_code=cfg.trust_remote_code,
-                      engine_args=user, seed=cfg.seed)  # fmt: skip
+                      engine_args=parse_engine_args(cfg.engine_args), seed=cfg.seed)  # fmt: skip
+    try:
+        tgt = load_frozen(name, device=str(device), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    except BaseException:
+        cap.close()  # the engine's processes end with the failed setup
+        raise
     return tgt, layer_ids, cap
 
 
