@@ -43,9 +43,10 @@ class Ahead(Generic[T]):
         try:
             return self._load(item)
         finally:
+            dt = time.time() - t0
             with self._lock:
-                self._busy += time.time() - t0
-                self.busy_total += time.time() - t0
+                self._busy += dt
+                self.busy_total += dt
 
     def _fill(self) -> None:
         while self._pool and len(self._queue) < self.depth:
