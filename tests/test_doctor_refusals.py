@@ -23,7 +23,10 @@ FORMAT = ExportFormat(
     sample={
         "speculators_model_type": "eagle3",
         "target_hidden_size": 64,
-        "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]},
+        "speculators_config": {
+            "proposal_methods": [{"speculative_tokens": 3}],
+            "verifier": {"name_or_path": "/models/target"},
+        },
     },
     readers=(ConfigReader("fakeengine.speculators:load", ("config_dict",)),),
 )
@@ -62,6 +65,19 @@ def test_value_check_added_in_an_export_reader():
     )
     assert "`hidden % 128`" in p.message and "is not a multiple of 128" in p.message
     assert "`target_hidden_size`" in p.symbol and p.passed == "target_hidden_size=64"
+
+
+def test_a_verifier_check_through_a_try_and_a_path_alias():
+    """vLLM 0.33's shape: `try: validate_repo_id(v) except ...: raise`, and `p = Path(v); if p.exists(): raise`."""
+    found = sorted(_found(_against_base("verifier_path")), key=lambda p: p.location)
+    assert [(p.severity, p.location) for p in found] == [
+        ("warning", "fakeengine/speculators.py:25"),
+        ("warning", "fakeengine/speculators.py:28"),
+    ]
+    handler, alias = found
+    assert "raises(_validate_repo_id(verifier), KeyError)" in handler.message
+    assert "`local.exists()`" in alias.message
+    assert all("speculators_config.verifier.name_or_path" in p.symbol for p in found)
 
 
 def test_assert_added_in_an_entry_point_and_a_reworded_check():

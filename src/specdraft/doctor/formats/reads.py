@@ -55,6 +55,10 @@ def _const_str(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+#: calls that give the same value in another type: their result is still the path of their argument
+_SAME_VALUE = frozenset({"Path", "pathlib.Path", "PurePath", "pathlib.PurePath", "str", "os.fspath"})
+
+
 class _Reader:
     """Walks one function (or module) and collects the key reads of the config roots."""
 
@@ -107,6 +111,8 @@ class _Reader:
             if record:
                 self._add(KeyRead((*base, key), "default", dflt, node.lineno))
             return (*base, key)
+        if dotted_name(f) in _SAME_VALUE and len(node.args) == 1 and not node.keywords:
+            return self.path_of(node.args[0], record, guarded)  # Path(x), str(x): still our value x
         if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr") and len(node.args) >= 2:
             base = self.path_of(node.args[0], record, guarded)
             key = _const_str(node.args[1])

@@ -2,8 +2,10 @@
 under, its message, and the fields of our values that condition reads.
 
 A ``raise`` refuses under the conjunction of the ``if`` tests around it (``not test`` in an ``else``); an
-``assert test`` refuses under ``not test``. Raises inside ``except`` handlers react to another failure and
-are left out, and so are nested functions and classes (they run elsewhere, if at all).
+``assert test`` refuses under ``not test``. A ``raise`` directly in an ``except`` handler refuses under
+``raises(BODY..., TYPE)``: the try body's expressions failing with the handler's type (a validator called
+on our value), which the judge cannot evaluate. Nested functions and classes are left out (they run
+elsewhere, if at all).
 """
 
 from __future__ import annotations
@@ -79,16 +81,40 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
             conj = (*tests, _negate(s.test))
             msg = ast.unparse(s.msg) if s.msg is not None else ""
             out.append(Refusal("assert", _condition(conj), msg, s.lineno, s.lineno, conj))
-        elif isinstance(s, ast.Try):  # the handlers react to another failure: left out
+        elif isinstance(s, ast.Try):
             for body in (s.body, s.orelse, s.finalbody):
                 _walk(body, tests, if_line, out)
+            for h in s.handlers:  # a handler's raise refuses when the try body fails on our value
+                _walk_handler(s, h, tests, out)
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
             _walk(s.body, tests, if_line, out)
             _walk(getattr(s, "orelse", []), tests, if_line, out)
 
 
+def _walk_handler(t: ast.Try, h: ast.ExceptHandler, tests: tuple[ast.expr, ...], out: list[Refusal]) -> None:
+    """The raises directly in handler `h` (not under its own ``if``), refusing under ``raises(BODY, TYPE)``:
+    the try body's expressions (a call that validates our value) failing with the handler's type."""
+    exprs = [
+        n.value
+        for n in t.body
+        if isinstance(n, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)) and n.value
+    ]
+    if not exprs:
+        return
+    kind = h.type if h.type is not None else ast.Name(id="Exception", ctx=ast.Load())
+    test = ast.Call(func=ast.Name(id="raises", ctx=ast.Load()), args=[*exprs, kind], keywords=[])
+    for s in h.body:
+        if isinstance(s, ast.Raise) and s.exc is not None:
+            line = t.body[0].lineno
+            out.append(
+                Refusal(
+                    "raise", _condition((*tests, test)), ast.unparse(s.exc), s.lineno, line, (*tests, test)
+                )
+            )
+
+
 def refusals_in(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
-    """Every ``raise`` (outside ``except`` handlers) and ``assert`` in the body of ``fn``."""
+    """Every ``raise`` and ``assert`` in the body of ``fn``."""
     out: list[Refusal] = []
     _walk(fn.body, (), 0, out)
     return out
