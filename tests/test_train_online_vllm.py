@@ -135,3 +135,55 @@ def test_kill_9_mid_online_vllm_run_then_resume_gives_the_uninterrupted_weights(
     la, lb = losses(tmp_path / "full"), losses(out)
     assert [s for s, _ in lb] == [s for s, _ in la]
     assert [x for _, x in lb] == pytest.approx([x for _, x in la], rel=1e-6)
+
+
+TORCHRUN = """
+import json, sys
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
+
+if __name__ == "__main__":  # vLLM's engine process is spawned: it imports this file again
+    train(sys.argv[1], sys.argv[2], TrainConfig(**json.loads(sys.argv[3])))
+"""
+
+
+def torchrun(tmp_path: Path, data: Path, out: Path, c: TrainConfig) -> str:
+    """`train(data, out, c)` on 2 torchrun CPU processes (gloo); its output."""
+    from dataclasses import asdict
+
+    script = tmp_path / "run_train.py"
+    script.write_text(TORCHRUN)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {
+        **os.environ,
+        "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(data), str(out), json.dumps(asdict(c))]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r.stdout + r.stderr
+
+
+def test_online_through_vllm_under_torchrun_splits_rows_as_offline_does(prepared, tmp_path):
+    """2 torchrun ranks online (rank 0's engine captures every rank's rows, scattered back) equal 2 ranks offline
+    on the same data extracted through vLLM: the same per-rank split, losses, validation and final weights."""
+    target, ds = prepared("llama")
+    hs = extract(str(ds), str(tmp_path / "hs"), backend="vllm", layers=[0, 1, 2], store_dtype="float32",
+                 skip_doctor=True)  # fmt: skip
+    c = cfg(val_fraction=0.2, val_every=3, prefetch_depth=3)
+    torchrun(tmp_path, hs, tmp_path / "offline", c)
+    out = torchrun(
+        tmp_path, ds, tmp_path / "online", replace(c, online=True, backend="vllm", layers=[0, 1, 2])
+    )
+    assert "the trainer waited on the target" in out
+    recs = {k: [json.loads(x) for x in (tmp_path / k / "metrics.jsonl").read_text().splitlines()]
+            for k in ("offline", "online")}  # fmt: skip
+    lo, ln = losses(tmp_path / "offline"), losses(tmp_path / "online")
+    assert len(lo) >= 4 and [s for s, _ in ln] == [s for s, _ in lo]
+    assert [x for _, x in ln] == pytest.approx([x for _, x in lo], rel=1e-5, abs=1e-6)
+    val = {k: [(r["step"], r["loss"]) for r in v if r["split"] == "val"] for k, v in recs.items()}
+    assert len(val["offline"]) >= 2 and [s for s, _ in val["online"]] == [s for s, _ in val["offline"]]
+    assert [x for _, x in val["online"]] == pytest.approx([x for _, x in val["offline"]], rel=1e-5, abs=1e-6)
+    assert_same_weights(tmp_path / "offline" / "final", tmp_path / "online" / "final", atol=1e-5)

@@ -15,9 +15,11 @@ the engine contract; this module imports only torch.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,24 @@ def engine_environment(tensor_parallel_size: int) -> None:
     log = logging.getLogger(WARMUP_LOGGER)
     if not any(isinstance(f, _SkippedTokenizerWarmup) for f in log.filters):
         log.addFilter(_SkippedTokenizerWarmup())
+
+
+# what torchrun puts in a process's environment: a vLLM engine built inside a torchrun rank must not see it,
+# or its workers join torchrun's rendezvous (TORCHELASTIC_USE_AGENT_STORE) as if they were trainer ranks and hang
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
+
+
+@contextlib.contextmanager
+def outside_torchrun() -> Iterator[None]:
+    """Build an engine (its processes start here) with torchrun's variables out of the environment, restored after."""
+    saved = {k: os.environ.pop(k) for k in TORCHRUN_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def collective_rpc(llm: Any, method: str, *args: Any) -> list[Any]:

@@ -23,7 +23,7 @@ class TrainConfig:
     allow_partial: bool = False  # train on an incomplete extraction (samples missing), saying how many
     online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
     layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
-    backend: str = "hf"  # --online: capture in process with transformers (hf) or through a vLLM engine (vllm)
+    backend: str = "hf"  # --online: capture in process with transformers (hf) or through a vLLM engine (vllm; under torchrun rank 0 runs it for every rank)
     tensor_parallel_size: int = 1  # --online --backend vllm: the engine's tensor parallel size
     engine_args: str = ""  # --online --backend vllm: more vllm.LLM options (JSON), checked before loading
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's

@@ -6,7 +6,8 @@ check, backward, clip, step, log, validate, checkpoint; at the end a final valid
 the trained draft in OUT/final. Each phase is a function below taking the run's state (`_Run`).
 
 Distributed runs (`torchrun`) use DDP (or FSDP2 `fully_shard` with `--fsdp`); every rank loads only its
-rows of each global batch; rank 0 writes.
+rows of each global batch (online through vLLM, rank 0's engine captures them all: `scatter.py`); rank 0
+writes.
 """
 
 from __future__ import annotations
@@ -144,10 +145,6 @@ def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
         errors.append(
             f"{shards} is not a directory: pass an extraction directory (or --online with a dataset)"
         )
-    if cfg.online and cfg.backend == "vllm" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        errors.append("--online --backend vllm runs in one process for now: drop torchrun (the engine's "
-                      "--tensor-parallel-size spreads the target over the GPUs), or extract shards and train "
-                      "offline under torchrun")  # fmt: skip
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None and not cfg.resume:
         errors.append(f"{out_dir} already holds checkpoints (newest {ckpt.name}): pass --resume to continue, "

@@ -2,7 +2,8 @@
 
 Offline, the samples come from `specdraft extract` shards and the target is the one named in their
 manifest (checked by config hash); online, from a `specdraft prepare` dataset, captured from the target
-in this process. Either way the draft vocabulary comes from the data's token counts. Offline, the shards
+in this process or through a vLLM engine (under torchrun, rank 0's engine captures every rank's rows:
+`scatter`). Either way the draft vocabulary comes from the data's token counts. Offline, the shards
 must be bound to their extraction, its dataset unchanged since, and no sample missing (`--allow-partial`
 trains on what is there); the provenance records the extraction and dataset hashes that `--resume` checks.
 """
@@ -14,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from specdraft.model.draft import Eagle3Draft, build_draft
 from specdraft.train.batches import OnlineSource, ShardSource, split_sids
 from specdraft.train.config import TrainConfig
+from specdraft.train.scatter import ScatteredSource
 from specdraft.train.ttt import TeacherHead
 
 
@@ -58,9 +61,10 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
     n = min(len(ds), cfg.max_samples) if cfg.max_samples else len(ds)
     sids = list(range(n))
     lengths = {s: len(ds.input_ids[s]) for s in sids}
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if cfg.backend == "vllm":
         max_len = min(max(lengths.values(), default=1), cfg.max_length)
-        tgt, layer_ids, capture = _vllm_capture(name, cfg, device, target_dtype, max_len)
+        tgt, layer_ids, capture = _vllm_capture(name, cfg, device, target_dtype, max_len, engine=rank == 0)
     else:
         from specdraft.capture.hf import HFCapture
         from specdraft.targets import capture_layer_ids, load_target
@@ -70,26 +74,37 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
         layer_ids = capture_layer_ids(tgt.num_layers, cfg.layers)
         pad = tgt.model.config.get_text_config().pad_token_id
         capture = HFCapture(tgt, layer_ids, pad_id=pad if isinstance(pad, int) else 0)
-    source = OnlineSource(ds, capture, cfg.max_length)
+    source = OnlineSource(ds, capture, cfg.max_length) if capture is not None else None
+    if cfg.backend == "vllm" and world > 1:  # torchrun: rank 0's engine captures every rank's rows
+        source = ScatteredSource(source, rank, world)
     prov = {"mode": "online", "backend": cfg.backend, "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
             "dataset_hash": ds.content_hash, "rendering": rendering_of(ds.manifest)}  # fmt: skip
     return _Opened(source, lengths, ds.token_counts, tgt, layer_ids, prov)
 
 
-def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str, max_len: int):
-    """(the target's frozen parts, the layer ids, a vLLM capture engine of the target). The engine checks
-    the options against the installed vLLM before anything loads; the frozen parts load after it."""
+def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str, max_len: int, engine: bool):
+    """(the target's frozen parts, the layer ids, a vLLM capture engine of the target, or None without
+    `engine`: ranks other than 0). The engine checks the options against the installed vLLM before anything
+    loads; the frozen parts load after it."""
     from specdraft.capture.vllm import VLLMCapture
     from specdraft.engine.options import parse_engine_args
+    from specdraft.engine.vllm_rpc import outside_torchrun
     from specdraft.model.frozen import load_frozen
     from specdraft.targets import capture_layer_ids, load_text_config, locate_target
 
     text_cfg = load_text_config(name, trust_remote_code=cfg.trust_remote_code)
     layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, cfg.layers)
+    if not engine:
+        return (
+            load_frozen(name, device=str(device), dtype=dtype, trust_remote_code=cfg.trust_remote_code),
+            layer_ids,
+            None,
+        )
     local = locate_target(name, need="config")
-    cap = VLLMCapture(str(local) if local else name, layer_ids, dtype=dtype, max_model_len=max_len,
-                      tensor_parallel_size=cfg.tensor_parallel_size, trust_remote_code=cfg.trust_remote_code,
-                      engine_args=parse_engine_args(cfg.engine_args), seed=cfg.seed)  # fmt: skip
+    with outside_torchrun():  # under torchrun: the engine's processes are not trainer ranks
+        cap = VLLMCapture(str(local) if local else name, layer_ids, dtype=dtype, max_model_len=max_len,
+                          tensor_parallel_size=cfg.tensor_parallel_size, trust_remote_code=cfg.trust_remote_code,
+                          engine_args=parse_engine_args(cfg.engine_args), seed=cfg.seed)  # fmt: skip
     try:
         tgt = load_frozen(name, device=str(device), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
     except BaseException:
