@@ -77,11 +77,12 @@ def _steps_per_epoch(run: Path) -> int:
     return round(last["step"] / last["epoch"]) if last["epoch"] else 1
 
 
-def serve_rows(rows: list[dict], prompts: int, out: Path) -> dict:
+def serve_rows(rows: list[dict], prompts: int, out: Path, max_num_seqs: int = 16) -> dict:
     """Serve every row's export in vLLM behind the target over the MT-bench first turns (k=3, greedy, 64 new
-    tokens) in one run; add tau, acceptance per position and the lossless verdict to each row; the report."""
+    tokens, `max_num_seqs` decoded together) in one run; add tau, acceptance per position and the lossless
+    verdict to each row; the report."""
     rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
-                        max_prompts=prompts, out=str(out))  # fmt: skip
+                        max_prompts=prompts, out=str(out), max_num_seqs=max_num_seqs)  # fmt: skip
     for r in rows:
         d = rep["drafts"][r["export"]]
         r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)

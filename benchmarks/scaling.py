@@ -33,6 +33,7 @@ from specdraft.capture.extract import extract
 from specdraft.data.prepare import load_dataset, prepare
 from specdraft.data.regenerate import regenerate
 from specdraft.export import export
+from specdraft.train.batches import plan_batches
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
 
@@ -68,64 +69,93 @@ def projected(a: float, b: float, tau: float) -> float | None:
     return 10 ** ((tau - a) / b) if b > 0 else None
 
 
-def _train_export(root: Path, name: str, data: str, cfg: TrainConfig) -> dict:
-    """Train (one epoch of `data` under `cfg`) and export one draft; reused when exported by an earlier run."""
-    exp = root / f"export_{name}"
-    if not exp.exists():
-        t0 = time.perf_counter()
-        final = train(data, str(root / f"train_{name}"), cfg)
-        assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
-        (root / f"train_{name}" / "seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}")
-    meta = json.loads((exp / "config.json").read_text())
-    run = root / f"train_{name}"
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    tokens = sum(r["tokens"] for r in recs if r["split"] == "train")
-    return {"arm": name, "export": str(exp), "train_tokens": tokens, "steps": recs[-1]["step"],
-            "train_s": float((run / "seconds.txt").read_text()), "vd": meta.get("draft_vocab_size")}  # fmt: skip
+def steps_at(lengths: list[int], loss: list[int], k: int, points: list[int], seed: int, max_length: int
+             ) -> dict[int, tuple[int, int]]:  # fmt: skip
+    """point -> (optimizer steps, reply tokens trained) after the first batches of the trainer's own epoch-0 plan
+    over samples [0, k) that hold `point` loss-masked tokens (the plan `train` makes: same lengths, same seed)."""
+    lens = {s: min(lengths[s], max_length) for s in range(k) if lengths[s] >= 3}
+    plan = plan_batches(sorted(lens), lens, BASE.max_tokens, 1, seed)
+    out, cum, todo = {}, 0, sorted(points)
+    for i, batch in enumerate(plan):
+        cum += sum(loss[s] for s in batch)
+        while todo and cum >= todo[0]:
+            out[todo.pop(0)] = ((i + 1) * BASE.steps_per_batch, cum)
+    for p in todo:  # the data holds fewer reply tokens: the whole epoch
+        out[p] = (len(plan) * BASE.steps_per_batch, cum)
+    return out
 
 
-def sharegpt_rows(root: Path, a, points: list[int], seeds_at: set[int]) -> list[dict]:
-    """One extraction for the largest point, a prefix of it per point (and a second seed at `seeds_at`)."""
+def snapshot_rows(root: Path, data: str, hs: Path, ds_dir: Path, points: list[int], top: int, seed: int, a
+                  ) -> list[dict]:  # fmt: skip
+    """One run per (data, seed) over the shortest prefix holding `top` reply tokens, stopped at each point's
+    step, exported there, and resumed (exact; `--max-steps` may change on `--resume`). The schedule is
+    constant after warmup (the recipe), so the draft at point p is the draft of a one-epoch run on p reply
+    tokens: a random p-token subset of the prefix rather than its first p tokens. Warmup is the first
+    point's (1.5% of its steps), where a separate run would warm up over 1.5% of its own."""
+    ds = load_dataset(str(ds_dir))
+    loss, lengths = [int(sum(m)) for m in ds.loss_mask], [len(x) for x in ds.input_ids]
+    k = prefix_for(loss, top)
+    at = steps_at(lengths, loss, k, points, seed, a.max_length)
+    run, rows, spent = root / f"train_{data}_seed{seed}", [], 0.0
+    for p in sorted(points):
+        steps, tokens = at[p]
+        exp = root / f"export_{data}_{p}_seed{seed}"
+        if not exp.exists():
+            cfg = replace(BASE, max_length=a.max_length, max_samples=k, seed=seed, max_steps=steps,
+                          resume=(run / "final").exists(), report_to=a.report_to)  # fmt: skip
+            t0 = time.perf_counter()
+            final = train(str(hs), str(run), cfg)
+            assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
+            (exp / "seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}")
+        recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        done = max(r["step"] for r in recs if r["split"] == "train" and r["step"] <= steps)
+        assert done == steps, (done, steps)
+        spent += float((exp / "seconds.txt").read_text())
+        rows.append({"arm": f"{data}_{p}_seed{seed}", "export": str(exp), "point": p, "data": data, "seed": seed,
+                     "steps": steps, "reply_tokens": tokens, "samples_in_prefix": k, "train_s": round(spent, 1)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def sharegpt_rows(root: Path, a, points: list[int], seeds_at: list[int]) -> list[dict]:
+    """One extraction of the shortest prefix holding the largest point; snapshots of one run per seed."""
     ds_dir, hs = root / "dataset", root / "hidden_states"
     if not any(hs.glob("manifest-*.json")):
         n = max(64, max(points) // 150)  # ~150+ reply tokens per conversation here: enough, checked below
         convs = conversations(root / "conversations.jsonl", n, 2)
         prepare(str(convs), str(ds_dir), max_length=a.max_length, overwrite=True)
-        extract(str(ds_dir), str(hs), backend=a.backend, skip_doctor=True)
-    ds = load_dataset(str(ds_dir))
-    loss = [int(sum(m)) for m in ds.loss_mask]
+        loss = [int(sum(m)) for m in load_dataset(str(ds_dir)).loss_mask]
+        extract(
+            str(ds_dir),
+            str(hs),
+            backend=a.backend,
+            skip_doctor=True,
+            max_samples=prefix_for(loss, max(a.prefix_tokens, max(points))),
+        )
+    loss = [int(sum(m)) for m in load_dataset(str(ds_dir)).loss_mask]
     if sum(loss) < max(points):
         print(f"scaling: the dataset holds {sum(loss)} reply tokens, fewer than {max(points)}: the last point "
               "trains on all of them", flush=True)  # fmt: skip
-    rows = []
-    for p in points:
-        k = prefix_for(loss, p)
-        for seed in (0, 1) if p in seeds_at else (0,):
-            cfg = replace(BASE, max_length=a.max_length, max_samples=k, seed=seed, report_to=a.report_to)
-            rows.append({**_train_export(root, f"sharegpt_{p}_seed{seed}", str(hs), cfg), "point": p,
-                         "data": "sharegpt", "seed": seed, "samples": k, "reply_tokens": sum(loss[:k])})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+    top = max(a.prefix_tokens, max(points))
+    rows = snapshot_rows(root, "sharegpt", hs, ds_dir, points, top, 0, a)
+    return rows + (snapshot_rows(root, "sharegpt", hs, ds_dir, seeds_at, top, 1, a) if seeds_at else [])
 
 
 def regen_rows(root: Path, a, points: list[int]) -> list[dict]:
-    """At each point, the target's own first-turn replies to ShareGPT's first user turns, as much data."""
-    rows = []
-    for p in points:
-        convs = first_turns(root / f"first_turns_{p}.jsonl", max(16, p // 120), a.max_length - 256)
-        regen = regenerate(str(convs), str(root / f"regenerated_{p}"), turns="first", max_new_tokens=256,
-                           max_prompt_tokens=a.max_length - 256)  # fmt: skip
-        ds = prepare(str(regen), str(root / f"ds_regen_{p}"), max_length=a.max_length, overwrite=True)
-        hs = root / f"hs_regen_{p}"
-        if not any(hs.glob("manifest-*.json")):
-            extract(str(ds), str(hs), backend=a.backend, skip_doctor=True)
+    """The target's own first-turn replies to ShareGPT's first user turns: one regeneration and extraction for
+    the largest point, snapshots at each."""
+    if not points:
+        return []
+    top = max(points)
+    convs = first_turns(root / "first_turns.jsonl", max(16, top // 100), a.max_length - 256)
+    regen = regenerate(str(convs), str(root / "regenerated"), turns="first", max_new_tokens=256,
+                       max_prompt_tokens=a.max_length - 256)  # fmt: skip
+    ds = prepare(str(regen), str(root / "ds_regen"), max_length=a.max_length, overwrite=True)
+    hs = root / "hs_regen"
+    if not any(hs.glob("manifest-*.json")):
         loss = [int(sum(m)) for m in load_dataset(str(ds)).loss_mask]
-        k = prefix_for(loss, p)
-        cfg = replace(BASE, max_length=a.max_length, max_samples=k, report_to=a.report_to)
-        rows.append({**_train_export(root, f"regen_{p}_seed0", str(hs), cfg), "point": p, "data": "regenerated",
-                     "seed": 0, "samples": k, "reply_tokens": sum(loss[:k])})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        extract(str(ds), str(hs), backend=a.backend, skip_doctor=True, max_samples=prefix_for(loss, top))
+    return snapshot_rows(root, "regenerated", hs, Path(ds), points, top, 0, a)
 
 
 def report(rows: list[dict], out: Path) -> dict:
@@ -167,7 +197,14 @@ def main() -> None:
     p.add_argument("--seeds-at", default="50000,200000,1000000")
     p.add_argument("--regen-at", default="25000,50000")
     p.add_argument("--max-length", type=int, default=1024)
+    p.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=0,
+        help="reply tokens of the prefix the ShareGPT runs draw from (default: the largest point)",
+    )
     p.add_argument("--prompts", type=int, default=80)
+    p.add_argument("--max-num-seqs", type=int, default=80, help="MT-bench prompts vLLM decodes together")
     p.add_argument("--backend", default="vllm", help="extraction backend")
     p.add_argument("--report-to", default="", help="trackers of every training run (train --report-to)")
     p.add_argument("--out", default="")
@@ -177,8 +214,8 @@ def main() -> None:
         root = Path(a.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
         points = ints(a.points)
-        rows = sharegpt_rows(root, a, points, set(ints(a.seeds_at))) + regen_rows(root, a, ints(a.regen_at))
-        rep = serve_rows(rows, a.prompts, root / "eval")
+        rows = sharegpt_rows(root, a, points, ints(a.seeds_at)) + regen_rows(root, a, ints(a.regen_at))
+        rep = serve_rows(rows, a.prompts, root / "eval", a.max_num_seqs)
         summary = report(rows, root)
         (root / "scaling.json").write_text(json.dumps({"rows": rows, **summary}, indent=1))
     print(f"\nvLLM {rep['vllm_version']}, MT-bench first turns: {rep['settings']['prompts']}, k=3, greedy, 64 new "
