@@ -305,7 +305,8 @@ def detect_format(config: Mapping[str, Any]) -> str:
 def check_export_dir(
     formats: Sequence[ExportFormat], tree: SourceTree, export_dir: Path | str, registry: str = ""
 ) -> list[Problem]:
-    """:func:`check_formats` for an export directory's ``config.json``, plus its weights file.
+    """:func:`check_formats` for an export directory's ``config.json``, plus its weights file (for a
+    directory of exports, such as the quickstart's ``export/``, each export in it).
 
     Raises:
         FileNotFoundError: ``export_dir`` has no ``config.json`` (point ``--export`` at a `specdraft export` output).
@@ -313,6 +314,9 @@ def check_export_dir(
     d = Path(export_dir).expanduser()
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
+        subs = sorted(x for x in d.iterdir() if (x / "config.json").is_file()) if d.is_dir() else []
+        if subs:  # a directory of exports (the quickstart's export/: speculators/ and eagle3/): each of them
+            return [p for x in subs for p in check_export_dir(formats, tree, x, registry)]
         raise FileNotFoundError(f"{cfg_path} not found: point --export at the output of `specdraft export`")
     config = json.loads(cfg_path.read_text())
     name = detect_format(config)
