@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -95,3 +96,14 @@ def test_a_rerun_after_an_interrupted_first_checkpoint_starts_training_instead_o
     with pytest.raises(Stop):
         Q.quickstart(out=str(root), budget="tiny")
     assert seen == {"resume": False}
+
+
+def test_the_summary_places_the_run_on_the_measured_curve():
+    from specdraft.quickstart import CURVE, curve_position
+
+    a, b = CURVE["a"], CURVE["b"]
+    line = curve_position(100_000, 3)
+    assert f"tau {a + b * 5:.2f} for one epoch of them" in line  # log10(100k) = 5
+    assert f"{a + b * math.log10(300_000):.2f} for one epoch of 3x as many new ones" in line
+    assert "(extrapolated)" not in line and f"tau 1.5 needs ~{10 ** ((1.5 - a) / b):,.0f}" in line
+    assert "(extrapolated)" in curve_position(5_000_000, 1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -61,6 +62,25 @@ BUDGETS = {
     "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3, 256, 80, 8, 1e-3, 512, "constant"),  # ~30 min, 2 cores
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
+
+
+#: the measured scaling curve of this target (benchmarks/scaling.py, 2026-12-01, vLLM 0.32.0 on 2 CPU cores, 80
+#: MT-bench first turns, k=3, greedy): vLLM tau = a + b log10(reply tokens) for one epoch of ShareGPT replies
+#: with the small-run recipe, fitted over `range` (docs/training.md, "How much data")
+CURVE = {"a": 0.4044, "b": 0.1734, "range": (25_000, 350_000)}
+
+
+def curve_position(reply_tokens: int, epochs: int) -> str:
+    """Where a run of `reply_tokens` assistant tokens for `epochs` epochs sits on the measured curve."""
+    a, b, (lo, hi) = CURVE["a"], CURVE["b"], CURVE["range"]
+
+    def at(n: int) -> str:
+        return f"{a + b * math.log10(max(n, 1)):.2f}" + ("" if lo <= n <= hi else " (extrapolated)")
+
+    line = f"{reply_tokens:,} assistant tokens: the curve gives tau {at(reply_tokens)} for one epoch of them"
+    if epochs > 1:
+        line += f", {at(reply_tokens * epochs)} for one epoch of {epochs}x as many new ones"
+    return line + f"; tau 1.5 needs ~{10 ** ((1.5 - a) / b):,.0f}"
 
 
 class _Timings:
@@ -322,6 +342,7 @@ def _table(s: dict) -> str:
                  f"({s['data']['num_loss_tokens']} assistant)"),
         ("extraction", f"{s['extract_tokens_per_s'] or 0:.0f} tokens/s"),
         ("training", f"{s['seconds']['train']:.0f} s, {s['train'].get('steps', '?')} steps, val {_fmt_val(val)}"),
+        ("on the curve", curve_position(s["data"]["num_loss_tokens"], s["budget"]["epochs"])),
         ("tau (trained)", f"{tr['tau']:.3f}   acceptance per position {tr['acceptance_per_position']}"),
         ("tau (untrained)", f"{un['tau']:.3f}   acceptance per position {un['acceptance_per_position']}"),
         ("speedup", f"x{tr['speedup']:.2f} trained, x{un['speedup']:.2f} untrained "
