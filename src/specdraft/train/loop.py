@@ -6,7 +6,7 @@ check, backward, clip, step, log, validate, checkpoint; at the end a final valid
 the trained draft in OUT/final. Each phase is a function below taking the run's state (`_Run`).
 
 Distributed runs (`torchrun`) use DDP (or FSDP2 `fully_shard` with `--fsdp`); every rank loads only its
-rows of each global batch (online through vLLM, rank 0's engine captures them all: `scatter.py`); rank 0
+rows of each global batch (online through vLLM, rank 0's engine captures them all: `batches.py::ScatteredSource`); rank 0
 writes.
 """
 

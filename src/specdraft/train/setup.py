@@ -3,7 +3,7 @@
 Offline, the samples come from `specdraft extract` shards and the target is the one named in their
 manifest (checked by config hash); online, from a `specdraft prepare` dataset, captured from the target
 in this process or through a vLLM engine (under torchrun, rank 0's engine captures every rank's rows:
-`scatter`). Either way the draft vocabulary comes from the data's token counts. Offline, the shards
+`batches.ScatteredSource`). Either way the draft vocabulary comes from the data's token counts. Offline, the shards
 must be bound to their extraction, its dataset unchanged since, and no sample missing (`--allow-partial`
 trains on what is there); the provenance records the extraction and dataset hashes that `--resume` checks.
 """
@@ -18,9 +18,8 @@ import torch
 import torch.distributed as dist
 
 from specdraft.model.draft import Eagle3Draft, build_draft
-from specdraft.train.batches import OnlineSource, ShardSource, split_sids
+from specdraft.train.batches import OnlineSource, ScatteredSource, ShardSource, split_sids
 from specdraft.train.config import TrainConfig
-from specdraft.train.scatter import ScatteredSource
 from specdraft.train.ttt import TeacherHead
 
 
