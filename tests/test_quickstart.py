@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,17 @@ def test_the_summary_places_the_run_on_the_measured_curve():
     assert f"{a + b * math.log10(300_000):.2f} for one epoch of 3x as many new ones" in line
     assert "(extrapolated)" not in line and f"tau 1.5 needs ~{10 ** ((1.5 - a) / b):,.0f}" in line
     assert "(extrapolated)" in curve_position(5_000_000, 1)
+
+
+def test_the_default_budget_trains_as_the_scaling_curve_did():
+    """The default budget sits on the measured curve only while its recipe is the curve's (benchmarks/scaling.py
+    trains with ablate.py's best arm, one epoch of ShareGPT replies)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        from ablate import ARMS
+    finally:
+        sys.path.pop(0)
+    arm = dict(ARMS["best_spb2_fc_high_ema0.99"])
+    b = Q.BUDGETS["default"]
+    assert b.recipe and b.epochs == 1 and b.reply_tokens == 0  # one epoch of ShareGPT's replies
+    assert {"lr": b.lr, "max_tokens": b.max_tokens, "schedule": b.schedule, **Q.SMALL_RUN} == arm

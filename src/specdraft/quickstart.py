@@ -51,15 +51,23 @@ class Budget:
     lr: float  # peak learning rate
     max_tokens: int  # padded tokens per optimizer step (small: more steps from little data)
     schedule: str  # learning-rate schedule after warmup
+    recipe: bool = False  # train with SMALL_RUN, the settings the scaling curve measured
+
+
+#: the small-run recipe (docs/training.md): the settings of the scaling curve's runs, on top of the budget's lr,
+#: max_tokens and schedule (benchmarks/ablate.py's best arm, `best_spb2_fc_high_ema0.99`)
+SMALL_RUN = dict(prompt_loss=True, decay=0.5, hard_weight=1.0, steps_per_batch=2, fc_init="high", ema=0.99)
 
 
 BUDGETS = {
     "tiny": Budget(
         48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3, 2048, "cosine"
     ),  # a smoke run, a few minutes
-    # default: lr 1e-3, 512 tokens a step and a constant schedule measured best at this data size
-    # (benchmarks/ablate.py; issue 11's closing note)
-    "default": Budget(320, 384, 3, 8192, 3, 16, 64, 3, 256, 80, 8, 1e-3, 512, "constant"),  # ~30 min, 2 cores
+    # default: what a fresh clone's 30 minutes on 2 cores buy, chosen from the measured scaling curve
+    # (docs/training.md, "The quickstart's budget"): one epoch of ~150k ShareGPT reply tokens (256 conversations,
+    # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
+    # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80)
+    "default": Budget(256, 1024, 1, 8192, 3, 8, 64, 3, 0, 80, 8, 1e-3, 512, "constant", True),  # ~25 min
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
@@ -174,7 +182,8 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
             cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
                               max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
                               val_fraction=0.05, val_every=100, device=device,
-                              resume=latest_checkpoint(train_dir) is not None)  # fmt: skip
+                              resume=latest_checkpoint(train_dir) is not None,
+                              **(SMALL_RUN if b.recipe else {}))  # fmt: skip
             train(str(hs_dir), str(train_dir), cfg)
 
     # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check
@@ -251,6 +260,11 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
     return ds_dir, hs_dir
 
 
+def _flags(settings: dict) -> str:
+    """`train`'s command-line spelling of TrainConfig settings."""
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+
+
 def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict | None, exports: dict) -> dict:
     """summary.json from the stages' outputs, printed as a table with the serve commands; returns it."""
     from specdraft.data.prepare import MANIFEST_FILE
@@ -267,8 +281,9 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "target": EMBEDDED_DEFAULT,
         "budget": {"name": budget, **asdict(b)},
         "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
-        f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr; `specdraft train` defaults to "
-        "EAGLE-3's 32000, 7, 1e-4, 4096, cosine (for large data)",
+        f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
+        + (f", the small-run recipe ({_flags(SMALL_RUN)})" if b.recipe else "")
+        + "; `specdraft train` defaults to EAGLE-3's 32000, 7, 1e-4, 4096, cosine (for large data)",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
         "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
         "train": json.loads((final / "config.json").read_text()).get("train", {}),
