@@ -13,7 +13,8 @@ answered by the target itself (`specdraft regenerate`, greedy, first turn only) 
 of data. Every draft is exported and served by vLLM behind the target over the MT-bench first turns (k=3,
 greedy, 64 new tokens) in one run, side by side. Then: a table, the fit tau = a + b log10(tokens) over the
 ShareGPT points (seed 0) with the tokens it projects for tau 1.5 and 2.0, the seed spread, and `scaling.png`.
-An `--out` of an earlier run is reused: its extraction and every draft already exported there.
+An `--out` of an earlier run is reused: its extraction, every draft already exported there, and the vLLM results
+of every draft served there by the same vLLM at the same settings (`served.json`).
 """
 
 from __future__ import annotations
@@ -158,6 +159,38 @@ def regen_rows(root: Path, a, points: list[int]) -> list[dict]:
     return snapshot_rows(root, "regenerated", hs, Path(ds), points, top, 0, a)
 
 
+def serve_cached(rows: list[dict], a, root: Path) -> dict:
+    """serve_rows for the exports not served yet by this vLLM at these settings (`root/served.json`, seeded from
+    an earlier run's `eval/report_vllm.json`): greedy tau is a property of the draft, so an extended curve serves
+    only its new drafts. Returns {"vllm_version", "prompts"}."""
+    import vllm
+
+    key = {"vllm_version": vllm.__version__, "prompts": a.prompts, "max_num_seqs": a.max_num_seqs}
+    f, old = root / "served.json", root / "eval" / "report_vllm.json"
+    cache = json.loads(f.read_text()) if f.exists() else {"key": key, "drafts": {}}
+    if cache["key"] != key:
+        cache = {"key": key, "drafts": {}}
+    if old.exists() and not cache["drafts"]:
+        rep = json.loads(old.read_text())
+        s = rep["settings"]
+        if (rep["vllm_version"], s["prompts"], s["max_num_seqs"], s["k"]) == (*key.values(), 3):
+            for e, d in rep["drafts"].items():
+                cache["drafts"][e] = {"tau": round(d["tau"], 3), "lossless": d["lossless"]["ok"],
+                                      "acceptance": [None if x is None else round(x, 3)
+                                                     for x in d["acceptance_rate_per_position"]]}  # fmt: skip
+    todo = [r for r in rows if r["export"] not in cache["drafts"]]
+    if todo:
+        serve_rows(todo, a.prompts, root / "eval", a.max_num_seqs)
+        for r in todo:
+            cache["drafts"][r["export"]] = {k: r[k] for k in ("tau", "acceptance", "lossless")}
+        f.write_text(json.dumps(cache, indent=1))
+    print(f"scaling: {len(rows) - len(todo)} draft(s) served before by vLLM {key['vllm_version']} at these "
+          f"settings, {len(todo)} served now", flush=True)  # fmt: skip
+    for r in rows:
+        r.update(cache["drafts"][r["export"]])
+    return {"vllm_version": key["vllm_version"], "prompts": a.prompts}
+
+
 def report(rows: list[dict], out: Path) -> dict:
     """The table, the fit and its projections, the seed spread, and scaling.png."""
     main = sorted((r["reply_tokens"], r["tau"]) for r in rows if r["data"] == "sharegpt" and r["seed"] == 0)
@@ -215,10 +248,10 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         points = ints(a.points)
         rows = sharegpt_rows(root, a, points, ints(a.seeds_at)) + regen_rows(root, a, ints(a.regen_at))
-        rep = serve_rows(rows, a.prompts, root / "eval", a.max_num_seqs)
+        rep = serve_cached(rows, a, root)
         summary = report(rows, root)
         (root / "scaling.json").write_text(json.dumps({"rows": rows, **summary}, indent=1))
-    print(f"\nvLLM {rep['vllm_version']}, MT-bench first turns: {rep['settings']['prompts']}, k=3, greedy, 64 new "
+    print(f"\nvLLM {rep['vllm_version']}, MT-bench first turns: {rep['prompts']}, k=3, greedy, 64 new "
           f"tokens; recipe {RECIPE}")  # fmt: skip
     print(f"{'arm':<26}{'reply tokens':>13}{'steps':>7}{'train s':>9}{'tau':>7}  acceptance per position")
     for r in sorted(rows, key=lambda r: (r["data"], r["reply_tokens"], r["seed"])):
