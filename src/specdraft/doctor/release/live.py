@@ -168,10 +168,13 @@ def build_env(env: Path, dist: str, wheel: Path, run: Runner) -> dict[str, Any]:
 
 def unreachable_local_pins(pip_output: str) -> dict[str, str]:
     """{pin: substitute} for each pin with a local version label that pip found nowhere (``torch==2.10.0+cpu``,
-    published on PyTorch's own index only): the same public release (``torch==2.10.0``), which PyPI has."""
-    found = re.findall(
-        r"No matching distribution found for ([A-Za-z0-9_.-]+)==([^\s+]+)\+([A-Za-z0-9.]+)", pip_output
-    )
+    published on PyTorch's own index only): the same public release (``torch==2.10.0``), which PyPI has.
+    pip says it two ways: "No matching distribution found for X", or, under a constraints file that admits
+    X's version (``torch<=2.14.1``), a conflict "... depends on X" (``ResolutionImpossible``)."""
+    pin = r"([A-Za-z0-9_.-]+)==([^\s+;]+)\+([A-Za-z0-9.]+)"
+    found = re.findall(rf"No matching distribution found for {pin}", pip_output)
+    if "ResolutionImpossible" in pip_output:
+        found += re.findall(rf"depends on {pin}", pip_output)
     return {f"{n}=={v}+{local}": f"{n}=={v}" for n, v, local in found}
 
 
