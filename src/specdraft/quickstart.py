@@ -75,7 +75,7 @@ BUDGETS = {
 #: the measured scaling curve of this target (benchmarks/scaling.py, 2026-12-01, vLLM 0.32.0 on 2 CPU cores, 80
 #: MT-bench first turns, k=3, greedy): vLLM tau = a + b log10(reply tokens) for one epoch of ShareGPT replies
 #: with the small-run recipe, fitted over `range` (docs/training.md, "How much data")
-CURVE = {"a": 0.4044, "b": 0.1734, "range": (25_000, 350_000)}
+CURVE = {"a": 0.4488, "b": 0.1642, "range": (25_000, 500_000)}
 
 
 def curve_position(reply_tokens: int, epochs: int) -> str:
