@@ -147,7 +147,8 @@ def build_env(env: Path, dist: str, wheel: Path, run: Runner) -> dict[str, Any]:
     if r.returncode:
         raise _failed("python -m venv", r)
     py = str(python_of(env))
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    # not -q: its output is captured anyway, and -q hides the lines that name an unreachable pin
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
     r = run([*pip, str(wheel)])
     substituted = unreachable_local_pins(r.stderr or r.stdout or "") if r.returncode else {}
     if substituted:  # e.g. torch==2.10.0+cpu lives on PyTorch's own index: the same release from PyPI instead
