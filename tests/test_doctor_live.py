@@ -195,7 +195,12 @@ def test_a_pin_only_pytorchs_index_has_is_replaced_by_the_same_release_and_said(
         def __call__(self, cmd):
             done = super().__call__(cmd)
             if "install" in cmd and str(wheel) in cmd and "--no-deps" not in cmd:
-                return subprocess.CompletedProcess(cmd, 1, "", err)
+                # as pip does: its ERROR lines on stderr, the conflict's explanation on stdout
+                lines = err.splitlines()
+                out = "\n".join(x for x in lines if not x.startswith("ERROR"))
+                return subprocess.CompletedProcess(
+                    cmd, 1, out, "\n".join(x for x in lines if x.startswith("ERROR"))
+                )
             return done
 
     pip = IndexlessPip()

@@ -150,7 +150,7 @@ def build_env(env: Path, dist: str, wheel: Path, run: Runner) -> dict[str, Any]:
     # not -q: its output is captured anyway, and -q hides the lines that name an unreachable pin
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
     r = run([*pip, str(wheel)])
-    substituted = unreachable_local_pins(r.stderr or r.stdout or "") if r.returncode else {}
+    substituted = unreachable_local_pins(f"{r.stdout}\n{r.stderr}") if r.returncode else {}
     if substituted:  # e.g. torch==2.10.0+cpu lives on PyTorch's own index: the same release from PyPI instead
         r = run([*pip, "--no-deps", str(wheel)])
         if not r.returncode:
