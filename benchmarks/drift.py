@@ -96,7 +96,7 @@ def row(rep: dict) -> dict:
     level = (
         "import-level" if any("import-level" in p["message"] for p in rep["report"]["problems"]) else "full"
     )
-    env = [f"{p['severity']} live-env: {p['message'][:80]}" for p in live if p["check"] == "live-env"]
+    env = [f"{p['severity']} live-env: {p['message'][:120]}" for p in live if p["check"] == "live-env"]
     if any(p["check"] == "live-env" and p["severity"] == "break" for p in live):
         agree = "-"  # the release could not be tried here
     elif flagged_static == flagged_live:
