@@ -96,17 +96,21 @@ def python_of(env: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, log: Callable[[str], None]) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (waits for another doctor building the same environment)."""
+def _locked(path: Path, log: Callable[[str], None], wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (waits for another doctor building the same environment); with
+    ``wait`` False, yields False at once instead of waiting (and holds nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             log(f"waiting for another doctor building {path.stem} ...")
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -194,13 +198,8 @@ def wheel_requirements(wheel: Path, substituted: dict[str, str]) -> list[str]:
         req = Requirement(line.split(":", 1)[1].strip())
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
-        pin = f"{req.name}{req.specifier}"
-        out.append(
-            substituted.get(
-                pin,
-                f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}{req.specifier}",
-            )
-        )
+        req.marker = None  # held here: pip gets the requirement itself
+        out.append(substituted.get(f"{req.name}{req.specifier}", str(req)))
     return out
 
 
@@ -245,17 +244,11 @@ def prune_envs(keep: int, spare: Path, log: Callable[[str], None] = _log) -> lis
     envs = [d for d in root.iterdir() if d.is_dir() and d != spare and read_marker(d) is not None]
     envs.sort(key=lambda d: (d / MARKER).stat().st_mtime, reverse=True)  # newest use first
     removed = []
-    for d in envs[max(keep - 1, 0) :]:
-        with open(root / f"{d.name}.lock", "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # another doctor is using or building it
-            try:
+    for d in envs[keep - 1 :]:
+        with _locked(root / f"{d.name}.lock", log, wait=False) as held:
+            if held:  # else another doctor is using or building it
                 shutil.rmtree(d)
                 removed.append(d)
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
     if removed:
         log(f"removed {len(removed)} older environment(s) to keep {keep} (--live-keep): "
             + ", ".join(d.name for d in removed))  # fmt: skip
