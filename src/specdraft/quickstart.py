@@ -261,8 +261,12 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
 
 
 def _flags(settings: dict) -> str:
-    """`train`'s command-line spelling of TrainConfig settings."""
-    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    """`train`'s command-line spelling of TrainConfig settings (a bool is --flag / --no-flag)."""
+    flag = lambda k: k.replace("_", "-")  # noqa: E731
+    return " ".join(
+        (f"--{'' if v else 'no-'}{flag(k)}" if isinstance(v, bool) else f"--{flag(k)} {v}")
+        for k, v in settings.items()
+    )
 
 
 def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict | None, exports: dict) -> dict:
