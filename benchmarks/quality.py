@@ -84,12 +84,15 @@ def serve_rows(rows: list[dict], prompts: int, out: Path, max_num_seqs: int = 16
     rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
                         max_prompts=prompts, out=str(out), max_num_seqs=max_num_seqs)  # fmt: skip
     for r in rows:
-        d = rep["drafts"][r["export"]]
-        r.update(tau=round(d["tau"], 3), acceptance=[None if x is None else round(x, 3)
-                                                      for x in d["acceptance_rate_per_position"]],
-                 lossless=d["lossless"]["ok"])  # fmt: skip
+        r.update(served(rep["drafts"][r["export"]]))
         print(json.dumps(r), flush=True)
     return rep
+
+
+def served(d: dict) -> dict:
+    """A row's fields from one draft of a vLLM report: tau, acceptance per position, the lossless verdict."""
+    acceptance = [None if x is None else round(x, 3) for x in d["acceptance_rate_per_position"]]
+    return {"tau": round(d["tau"], 3), "acceptance": acceptance, "lossless": d["lossless"]["ok"]}
 
 
 def main() -> None:

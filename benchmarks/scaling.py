@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ablate import ARMS, conversations  # benchmarks/ablate.py, beside this script
-from quality import first_turns, serve_rows  # benchmarks/quality.py
+from quality import first_turns, serve_rows, served  # benchmarks/quality.py
 
 from specdraft.capture.extract import extract
 from specdraft.data.prepare import load_dataset, prepare
@@ -174,10 +174,7 @@ def serve_cached(rows: list[dict], a, root: Path) -> dict:
         rep = json.loads(old.read_text())
         s = rep["settings"]
         if (rep["vllm_version"], s["prompts"], s["max_num_seqs"], s["k"]) == (*key.values(), 3):
-            for e, d in rep["drafts"].items():
-                cache["drafts"][e] = {"tau": round(d["tau"], 3), "lossless": d["lossless"]["ok"],
-                                      "acceptance": [None if x is None else round(x, 3)
-                                                     for x in d["acceptance_rate_per_position"]]}  # fmt: skip
+            cache["drafts"] = {e: served(d) for e, d in rep["drafts"].items()}
     todo = [r for r in rows if r["export"] not in cache["drafts"]]
     if todo:
         serve_rows(todo, a.prompts, root / "eval", a.max_num_seqs)
