@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.train.metrics import tracker_problems
+from specdraft.train.warmstart import init_problems
 
 
 @dataclass
@@ -26,6 +27,7 @@ class TrainConfig:
     backend: str = "hf"  # --online: capture in process with transformers (hf) or through a vLLM engine (vllm; under torchrun rank 0 runs it for every rank)
     tensor_parallel_size: int = 1  # --online --backend vllm: the engine's tensor parallel size
     engine_args: str = ""  # --online --backend vllm: more vllm.LLM options (JSON), checked before loading
+    init_from: str = ""  # start from a trained draft (a final/, a checkpoint, or a train OUT): its weights and draft vocabulary, with a new optimizer and schedule (more data for a finished draft)
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
     norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
@@ -123,6 +125,7 @@ class TrainConfig:
         if self.tensor_parallel_size < 1 or self.prefetch_depth < 1:
             errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
         errs += tracker_problems(self.report_to)
+        errs += init_problems(self)
         if self.max_length < 3:
             errs.append("--max-length must be at least 3 (a draft position needs tokens t, t+1, t+2)")
         return errs

@@ -21,6 +21,7 @@ from specdraft.model.draft import Eagle3Draft, build_draft
 from specdraft.train.batches import OnlineSource, ScatteredSource, ShardSource, split_sids
 from specdraft.train.config import TrainConfig
 from specdraft.train.ttt import TeacherHead
+from specdraft.train.warmstart import warm_draft
 
 
 @dataclass
@@ -199,8 +200,11 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
         raise ValueError(f"EAGLE-3 needs 3 aux layers + the final layer; the data has layer ids {layer_ids}")
     lengths = {s: min(n, cfg.max_length) for s, n in opened.lengths.items() if n >= 3}
     train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
-    draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
-                        cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init)  # fmt: skip
+    if cfg.init_from:  # a trained draft: its weights and vocabulary (not the data's counts)
+        draft, prov["init_from"] = warm_draft(cfg.init_from, tgt, layer_ids[:3])
+    else:
+        draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
+                            cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init)  # fmt: skip
     teacher = TeacherHead(tgt, draft.t2d).to(device)
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
     embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding
