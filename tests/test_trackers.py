@@ -72,3 +72,21 @@ def test_unknown_or_missing_trackers_are_refused_before_the_run(tmp_path, shards
         train(str(shards), str(tmp_path / "run"), cfg(report_to="wandb,neptune"))
     assert "pip install wandb" in str(e.value) and "unknown tracker 'neptune'" in str(e.value)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_tracker_installed_but_broken_stops_the_run_and_closes_the_others(
+    tmp_path, shards, fakes, monkeypatch
+):  # noqa: F811
+    """Found with the real libraries: trackio installed without its gradio_client imports with an error."""
+
+    def broken(**kw):
+        raise ModuleNotFoundError("No module named 'gradio_client'")
+
+    monkeypatch.setattr(sys.modules["trackio"], "init", broken)
+    with pytest.raises(RuntimeError) as e:
+        train(str(shards), str(tmp_path / "run"), cfg(max_steps=2, report_to="wandb,trackio,mlflow"))
+    assert "--report-to trackio" in str(e.value) and "gradio_client" in str(e.value)
+    assert (
+        len(fakes["wandb.finish"]) == 1 and not fakes["mlflow.log_params"]
+    )  # wandb closed, mlflow never opened
+    assert not list((tmp_path / "run").glob("checkpoints/step_*"))

@@ -131,8 +131,20 @@ _CLASSES = {"tensorboard": _TensorBoard, "wandb": _Wandb, "trackio": _Trackio, "
 
 
 def open_trackers(names: list[str], out_dir: Path, config: dict[str, Any]) -> list:
-    """One open tracker per name (checked by `tracker_problems` before the run), named after OUT."""
-    return [_CLASSES[n](out_dir, out_dir.resolve().name, config) for n in names]
+    """One open tracker per name (checked by `tracker_problems` before the run), named after OUT. A library that
+    is installed but fails to import or start (a missing dependency of its own) closes the ones already open
+    and stops the run before its first step, naming the library and the cause."""
+    opened: list = []
+    for n in names:
+        try:
+            opened.append(_CLASSES[n](out_dir, out_dir.resolve().name, config))
+        except Exception as e:
+            for t in opened:
+                t.close()
+            raise RuntimeError(f"--report-to {n}: {TRACKERS[n]} is installed but could not start "
+                               f"({type(e).__name__}: {e}): repair it (pip install --force-reinstall "
+                               f"{TRACKERS[n]}) or leave it out of --report-to") from e  # fmt: skip
+    return opened
 
 
 class MetricsLog:
