@@ -10,7 +10,7 @@ when named, and writes under OUT so a run keeps its record with it:
 | tensorboard | `torch.utils.tensorboard.SummaryWriter` | OUT/tb |
 | wandb | `wandb.init(mode="offline")`; `wandb sync OUT/wandb/offline-run-*` uploads it later | OUT/wandb |
 | trackio | local SQLite store (`TRACKIO_DIR`), `trackio show` reads it | OUT/trackio |
-| mlflow | a file store (`file:` tracking URI), `mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
+| mlflow | a file store (`file:` tracking URI; MLflow 3 needs `MLFLOW_ALLOW_FILE_STORE=true`, set when unset), `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
 
 Each receives the scalars of every metrics record as `split/name` (lists as `split/name_i`) at the record's
 step, and the run's settings once.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,9 @@ class _Wandb:
 
 class _Trackio:
     def __init__(self, out_dir: Path, name: str, config: dict):
+        if "trackio" in sys.modules:  # it read TRACKIO_DIR when it was imported, before this run
+            print(f"train: --report-to trackio: trackio was imported before this run, so it logs to its own "
+                  f"store ({os.environ.get('TRACKIO_DIR', 'its default directory')}), not {out_dir / 'trackio'}")  # fmt: skip
         os.environ.setdefault("TRACKIO_DIR", str(out_dir / "trackio"))  # read when trackio is imported
         import trackio
 
@@ -115,6 +119,8 @@ class _Mlflow:
         import mlflow
 
         self.m = mlflow
+        # MLflow 3 refuses its file store ("maintenance mode") unless this is set; a user's own setting wins
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri((out_dir / "mlruns").resolve().as_uri())
         mlflow.set_experiment("specdraft")
         self.run = mlflow.start_run(run_name=name)
