@@ -2,7 +2,7 @@
 
     python benchmarks/scaling.py [--points 25000,50000,100000,200000,400000,1000000] [--seeds-at 50000,200000,1000000]
                                  [--regen-at 25000,50000] [--max-length 1024] [--prompts 80] [--backend vllm]
-                                 [--report-to tensorboard] [--out DIR]
+                                 [--warm-to 1000000] [--defaults-at 25000,100000] [--report-to tensorboard] [--out DIR]
 
 One large extraction, prefixes of it: ShareGPT conversations (each cut to its first two user/assistant pairs,
 rendered with the target's chat template, at most `--max-length` tokens) are prepared and extracted once, enough
@@ -13,8 +13,11 @@ answered by the target itself (`specdraft regenerate`, greedy, first turn only) 
 of data. Every draft is exported and served by vLLM behind the target over the MT-bench first turns (k=3,
 greedy, 64 new tokens) in one run, side by side. Then: a table, the fit tau = a + b log10(tokens) over the
 ShareGPT points (seed 0) with the tokens it projects for tau 1.5 and 2.0, the seed spread, and `scaling.png`.
-An `--out` of an earlier run is reused: its extraction, every draft already exported there, and the vLLM results
-of every draft served there by the same vLLM at the same settings (`served.json`).
+`--warm-to N` adds one point past the extraction without redoing it: the largest point's draft trained on the
+next samples by `train --init-from` (`warm_rows`). `--defaults-at` trains the library's own settings at those
+points, against the recipe (`defaults_rows`). An `--out` of an earlier run is reused: its extraction, every
+draft already exported there, and the vLLM results of every draft served there by the same vLLM at the same
+settings (`served.json`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from specdraft.train.loop import train
 
 RECIPE = {k: v for k, v in ARMS["best_spb2_fc_high_ema0.99"].items()}  # the small-run recipe (README)
 BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, val_fraction=0.0, checkpoint_every=10**6,
-                   progress=False, tensorboard=False, **RECIPE)  # fmt: skip
+                   recipe="off", progress=False, tensorboard=False, **RECIPE)  # fmt: skip
 
 
 def prefix_for(loss_tokens: list[int], want: int) -> int:
@@ -86,6 +89,18 @@ def steps_at(lengths: list[int], loss: list[int], k: int, points: list[int], see
     return out
 
 
+def trained(hs: Path, run: Path, exp: Path, cfg: TrainConfig) -> tuple[float, list[dict]]:
+    """Train `cfg` on `hs` into `run` and export its final draft to `exp`, unless `exp` is there (done before):
+    (the seconds that took, the run's train records)."""
+    if not exp.exists():
+        t0 = time.perf_counter()
+        final = train(str(hs), str(run), cfg)
+        assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
+        (exp / "seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}")
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return float((exp / "seconds.txt").read_text()), [r for r in recs if r["split"] == "train"]
+
+
 def snapshot_rows(root: Path, data: str, hs: Path, ds_dir: Path, points: list[int], top: int, seed: int, a
                   ) -> list[dict]:  # fmt: skip
     """One run per (data, seed) over the shortest prefix holding `top` reply tokens, stopped at each point's
@@ -100,18 +115,13 @@ def snapshot_rows(root: Path, data: str, hs: Path, ds_dir: Path, points: list[in
     run, rows, spent = root / f"train_{data}_seed{seed}", [], 0.0
     for p in sorted(points):
         steps, tokens = at[p]
+        cfg = replace(BASE, max_length=a.max_length, max_samples=k, seed=seed, max_steps=steps,
+                      resume=(run / "final").exists(), report_to=a.report_to)  # fmt: skip
         exp = root / f"export_{data}_{p}_seed{seed}"
-        if not exp.exists():
-            cfg = replace(BASE, max_length=a.max_length, max_samples=k, seed=seed, max_steps=steps,
-                          resume=(run / "final").exists(), report_to=a.report_to)  # fmt: skip
-            t0 = time.perf_counter()
-            final = train(str(hs), str(run), cfg)
-            assert export(str(final), str(exp), format="speculators", k=3, check_vllm=False) == 0
-            (exp / "seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}")
-        recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        done = max(r["step"] for r in recs if r["split"] == "train" and r["step"] <= steps)
+        seconds, recs = trained(hs, run, exp, cfg)
+        done = max(r["step"] for r in recs if r["step"] <= steps)
         assert done == steps, (done, steps)
-        spent += float((exp / "seconds.txt").read_text())
+        spent += seconds
         rows.append({"arm": f"{data}_{p}_seed{seed}", "export": str(exp), "point": p, "data": data, "seed": seed,
                      "steps": steps, "reply_tokens": tokens, "samples_in_prefix": k, "train_s": round(spent, 1)})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
@@ -140,6 +150,67 @@ def sharegpt_rows(root: Path, a, points: list[int], seeds_at: list[int]) -> list
     top = max(a.prefix_tokens, max(points))
     rows = snapshot_rows(root, "sharegpt", hs, ds_dir, points, top, 0, a)
     return rows + (snapshot_rows(root, "sharegpt", hs, ds_dir, seeds_at, top, 1, a) if seeds_at else [])
+
+
+def defaults_rows(root: Path, a, points: list[int]) -> list[dict]:
+    """`--defaults-at`: the library's own settings (`specdraft train` as it ships: lr 1e-4, 4096 tokens a step,
+    cosine to zero, none of the recipe's), with the curve's draft vocabulary and K, one epoch on the shortest
+    prefix holding each point's reply tokens. A run per point (cosine's schedule depends on the run's length);
+    the recipe's own point is the seed-0 ShareGPT row at the same tokens."""
+    ds_dir, hs = root / "dataset", root / "hidden_states"
+    loss = [int(sum(m)) for m in load_dataset(str(ds_dir)).loss_mask]
+    lib = TrainConfig()
+    base = replace(BASE, **{k: getattr(lib, k) for k in RECIPE})  # lr, tokens a step, schedule and the rest
+    rows = []
+    for p in sorted(points):
+        k, run, exp = prefix_for(loss, p), root / f"train_defaults_{p}", root / f"export_defaults_{p}_seed0"
+        cfg = replace(base, max_length=a.max_length, max_samples=k, seed=0, resume=(run / "checkpoints").exists(),
+                      report_to=a.report_to)  # fmt: skip
+        seconds, recs = trained(hs, run, exp, cfg)
+        rows.append({"arm": f"defaults_{p}_seed0", "export": str(exp), "point": p, "data": "sharegpt_defaults", "seed": 0,
+                     "steps": max(r["step"] for r in recs), "reply_tokens": sum(loss[:k]), "samples_in_prefix": k,
+                     "train_s": seconds})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def warm_rows(root: Path, a, top: int, rows: list[dict]) -> list[dict]:
+    """`--warm-to N`: the curve past the prefix without extracting and training it again. The seed-0 draft at the
+    prefix's end trains on (`train --init-from`: its weights and vocabulary, a new optimizer and warmup) the next
+    samples of the same dataset, until N reply tokens in all, one epoch: every reply token seen once, as at the
+    other points, but the optimizer's state restarts at the prefix's end and the draft vocabulary is the
+    prefix's. A point of its own kind (`sharegpt_warm`), plotted apart and left out of the fit."""
+    if not a.warm_to:
+        return []
+    ds = load_dataset(str(root / "dataset"))
+    loss = [int(sum(m)) for m in ds.loss_mask]
+    k0, k1 = prefix_for(loss, top), prefix_for(loss, a.warm_to)
+    assert k1 > k0, f"--warm-to {a.warm_to}: the dataset holds no samples past the prefix's {k0}"
+    more, hs, run = root / "ds_more", root / "hs_more", root / "train_sharegpt_seed0_warm"
+    if not any(hs.glob("manifest-*.json")):  # samples [k0, k1), prepared again from their own records
+        import pyarrow.parquet as pq
+
+        recs = (
+            pq.read_table(root / "dataset" / "data.parquet", columns=["record"]).column("record").to_pylist()
+        )
+        lines = (root / "conversations.jsonl").read_text().splitlines()
+        src = root / "conversations_more.jsonl"
+        src.write_text("".join(lines[r] + "\n" for r in recs[k0:k1]))
+        prepare(str(src), str(more), max_length=a.max_length, overwrite=True)
+        again = load_dataset(str(more))
+        assert again.input_ids == ds.input_ids[k0:k1] and again.loss_mask == ds.loss_mask[k0:k1]
+        extract(str(more), str(hs), backend=a.backend, skip_doctor=True)
+    (start,) = [r for r in rows if r["data"] == "sharegpt" and r["seed"] == 0 and r["point"] == max(r["point"] for r in rows)]  # fmt: skip
+    exp = root / f"export_sharegpt_warm_{a.warm_to}_seed0"
+    cfg = replace(BASE, max_length=a.max_length, seed=0, init_from=str(root / "train_sharegpt_seed0" / "final"),
+                  resume=(run / "checkpoints").exists(), report_to=a.report_to)  # fmt: skip
+    seconds, recs = trained(hs, run, exp, cfg)
+    steps = max(r["step"] for r in recs)
+    row = {"arm": f"sharegpt_warm_{a.warm_to}_seed0", "export": str(exp), "point": a.warm_to, "data": "sharegpt_warm",
+           "seed": 0, "steps": start["steps"] + steps, "reply_tokens": start["reply_tokens"] + sum(loss[k0:k1]),
+           "samples_in_prefix": k1, "train_s": round(start["train_s"] + seconds, 1)}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return [row]
 
 
 def regen_rows(root: Path, a, points: list[int]) -> list[dict]:
@@ -198,18 +269,29 @@ def report(rows: list[dict], out: Path) -> dict:
         spread[p] = round(max(taus) - min(taus), 3)
     summary = {"fit": {"a": round(a, 4), "b_per_decade": round(b, 4), "r2": round(r2, 3)},
                "tokens_for_tau_1.5": projected(a, b, 1.5), "tokens_for_tau_2.0": projected(a, b, 2.0),
-               "seed_spread": spread}  # fmt: skip
+               "seed_spread": spread, "recipe_minus_defaults": {}}  # fmt: skip
+    for d in (r for r in rows if r["data"] == "sharegpt_defaults"):
+        same = [
+            r["tau"] for r in rows if r["data"] == "sharegpt" and r["seed"] == 0 and r["point"] == d["point"]
+        ]
+        if same:
+            summary["recipe_minus_defaults"][d["point"]] = round(same[0] - d["tau"], 3)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for data, marker in (("sharegpt", "o"), ("regenerated", "s")):
+    for data, marker, label in (
+        ("sharegpt", "o", "sharegpt replies"),
+        ("regenerated", "s", "regenerated replies"),
+        ("sharegpt_warm", "^", "sharegpt, warm-started from the largest point (not fitted)"),
+        ("sharegpt_defaults", "x", "sharegpt, the library's default settings (not fitted)"),
+    ):
         pts = [(r["reply_tokens"], r["tau"]) for r in rows if r["data"] == data]
         if pts:
-            ax.scatter(*zip(*pts), marker=marker, label=f"{data} replies")
-    xs = [min(t for t, _ in main) * 0.8, max(t for t, _ in main) * 1.25]
+            ax.scatter(*zip(*pts), marker=marker, label=label)
+    xs = [min(r["reply_tokens"] for r in rows) * 0.8, max(r["reply_tokens"] for r in rows) * 1.25]
     ax.plot(xs, [a + b * math.log10(x) for x in xs], "--", label=f"fit: {a:.3f} + {b:.3f} log10(tokens)")
     ax.set_xscale("log")
     ax.set_xlabel("training reply tokens (one epoch)")
@@ -235,6 +317,15 @@ def main() -> None:
     )
     p.add_argument("--prompts", type=int, default=80)
     p.add_argument("--max-num-seqs", type=int, default=80, help="MT-bench prompts vLLM decodes together")
+    p.add_argument(
+        "--warm-to",
+        type=int,
+        default=0,
+        help="one more point, N reply tokens: the prefix's draft trained on by --init-from (warm_rows)",
+    )
+    p.add_argument(
+        "--defaults-at", default="", help="points also trained with the library's defaults (defaults_rows)"
+    )
     p.add_argument("--backend", default="vllm", help="extraction backend")
     p.add_argument("--report-to", default="", help="trackers of every training run (train --report-to)")
     p.add_argument("--out", default="")
@@ -244,7 +335,9 @@ def main() -> None:
         root = Path(a.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
         points = ints(a.points)
-        rows = sharegpt_rows(root, a, points, ints(a.seeds_at)) + regen_rows(root, a, ints(a.regen_at))
+        rows = sharegpt_rows(root, a, points, ints(a.seeds_at))
+        rows += warm_rows(root, a, max(a.prefix_tokens, max(points)), rows)
+        rows += regen_rows(root, a, ints(a.regen_at)) + defaults_rows(root, a, ints(a.defaults_at))
         rep = serve_cached(rows, a, root)
         summary = report(rows, root)
         (root / "scaling.json").write_text(json.dumps({"rows": rows, **summary}, indent=1))
@@ -261,7 +354,8 @@ def main() -> None:
         if k.startswith("tokens")
     }
     print(f"fit tau = {f['a']} + {f['b_per_decade']} log10(tokens), r^2 {f['r2']}; projected {proj}; "
-          f"seed spread (max - min tau) {summary['seed_spread']}; plot: {root / 'scaling.png'}")  # fmt: skip
+          f"seed spread (max - min tau) {summary['seed_spread']}; recipe minus the library's defaults "
+          f"{summary['recipe_minus_defaults']}; plot: {root / 'scaling.png'}")  # fmt: skip
 
 
 if __name__ == "__main__":
