@@ -33,7 +33,7 @@ from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
 
 BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, val_fraction=0.0, checkpoint_every=10**6,
-                   progress=False, tensorboard=False, seed=0)  # fmt: skip
+                   recipe="off", progress=False, tensorboard=False, seed=0)  # fmt: skip
 SMALL = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"}  # the best optimizer settings at this size
 ARMS = {  # name: what changes against the library defaults at this setting
     "defaults": {},

@@ -59,7 +59,7 @@ def arm(root: Path, name: str, convs: Path, a, steps: int, epochs: int) -> dict:
     hs = extract(str(ds), str(root / f"hs_{name}"), backend="hf", skip_doctor=True)
     cfg = TrainConfig(draft_vocab_size=a.draft_vocab_size, ttt_steps=a.ttt_steps, lr=a.lr, epochs=epochs,
                       max_steps=steps, max_tokens=a.max_tokens, max_length=a.max_length, val_fraction=0.0,
-                      checkpoint_every=10**6, progress=False, tensorboard=False, seed=0)  # fmt: skip
+                      checkpoint_every=10**6, progress=False, tensorboard=False, seed=0, recipe="off")  # fmt: skip
     t0 = time.perf_counter()
     final = train(str(hs), str(root / f"train_{name}"), cfg)
     meta = json.loads((Path(final) / "config.json").read_text())["train"]

@@ -10,8 +10,9 @@ interrupted quickstart resumes where it stopped when run again.
 The CPU budget is tight (2 cores: prefill ~250-550 tok/s, draft training ~770 tok/s at the settings
 below), so quickstart picks a smaller draft vocabulary (8192), 3 TTT steps and a few hundred
 conversations, and the settings measured best at that data size (lr 1e-3, 512 tokens a step, constant
-lr: `benchmarks/ablate.py`), and says so in its summary; the library defaults (`specdraft train`) stay
-EAGLE-3's (32000, 7, lr 1e-4, 4096 tokens, cosine), which are for large data.
+lr and the rest of the small-run recipe: `benchmarks/ablate.py`), and says so in its summary. `specdraft train`
+applies the same recipe by itself under 500k scored tokens (`--recipe auto`); its other defaults are EAGLE-3's
+(32000, 7, and above 500k lr 1e-4, 4096 tokens, cosine).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from specdraft.fileio import DirLock, atomic_write_text, changed_settings
 from specdraft.targets import EMBEDDED_DEFAULT
+from specdraft.train.config import SMALL_RUN as TRAIN_RECIPE
 
 SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
 TIMES_FILE = "timings.json"  # seconds each stage worked, summed over the runs that did its work
@@ -55,8 +57,8 @@ class Budget:
 
 
 #: the small-run recipe (docs/training.md): the settings of the scaling curve's runs, on top of the budget's lr,
-#: max_tokens and schedule (benchmarks/ablate.py's best arm, `best_spb2_fc_high_ema0.99`)
-SMALL_RUN = dict(prompt_loss=True, decay=0.5, hard_weight=1.0, steps_per_batch=2, fc_init="high", ema=0.99)
+#: max_tokens and schedule (`train.config.SMALL_RUN`, benchmarks/ablate.py's best arm `best_spb2_fc_high_ema0.99`)
+SMALL_RUN = {k: v for k, v in TRAIN_RECIPE.items() if k not in ("lr", "max_tokens", "schedule")}
 
 
 BUDGETS = {
@@ -179,11 +181,21 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     title = f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)"
     with clock.stage("train", title, done):
         if not done:
-            cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
-                              max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
-                              val_fraction=0.05, val_every=100, device=device,
-                              resume=latest_checkpoint(train_dir) is not None,
-                              **(SMALL_RUN if b.recipe else {}))  # fmt: skip
+            cfg = TrainConfig(
+                draft_vocab_size=b.draft_vocab_size,
+                ttt_steps=b.ttt_steps,
+                epochs=b.epochs,
+                lr=b.lr,
+                max_tokens=b.max_tokens,
+                schedule=b.schedule,
+                checkpoint_every=50,
+                val_fraction=0.05,
+                val_every=100,
+                device=device,
+                resume=latest_checkpoint(train_dir) is not None,
+                recipe="off",
+                **(SMALL_RUN if b.recipe else {}),
+            )  # fmt: skip  (the budget sets every setting)
             train(str(hs_dir), str(train_dir), cfg)
 
     # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check
@@ -287,7 +299,8 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
         f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
         + (f", the small-run recipe ({_flags(SMALL_RUN)})" if b.recipe else "")
-        + "; `specdraft train` defaults to EAGLE-3's 32000, 7, 1e-4, 4096, cosine (for large data)",
+        + "; `specdraft train` defaults to EAGLE-3's 32000 and 7, with this recipe under 500k scored tokens "
+        "(--recipe auto) and 1e-4, 4096, cosine above",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
         "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
         "train": json.loads((final / "config.json").read_text()).get("train", {}),

@@ -6,7 +6,7 @@ field a line with its comment beside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +43,7 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
     max_length: int = 2048  # longer samples are truncated to this many tokens
     max_samples: int = 0  # use only the first N samples (0 = all)
+    recipe: str = "auto"  # the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto applies it under 500k scored tokens when none of those is given (and says so), on, off
     lr: float = 1e-4  # peak learning rate of AdamW
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
     schedule: str = "cosine"  # after warmup: cosine, linear, constant, wsd (constant, linear at the end)
@@ -124,6 +125,8 @@ class TrainConfig:
             )
         if self.tensor_parallel_size < 1 or self.prefetch_depth < 1:
             errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
+        if self.recipe not in ("auto", "on", "off"):
+            errs.append(f"--recipe must be auto, on or off, not {self.recipe!r}")
         errs += tracker_problems(self.report_to)
         errs += init_problems(self)
         if self.max_length < 3:
@@ -132,6 +135,33 @@ class TrainConfig:
 
 
 _DEFAULTS = TrainConfig()
+
+# the small-run recipe: measured against the defaults above along the scaling curve (docs/training.md)
+SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss": True, "decay": 0.5,
+             "hard_weight": 1.0, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99}  # fmt: skip
+SMALL_RUN_BELOW = (
+    500_000  # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's top point)
+)
+
+
+def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
+    """The settings a run trains with, and a line saying what the recipe changed ("" when nothing).
+
+    `on` fills in SMALL_RUN for each of its settings left at the library default; `auto` does so only under
+    SMALL_RUN_BELOW scored tokens and when none of them was given (a run being tuned is left as given). EMA is
+    left out under --fsdp (not supported there yet)."""
+    given = [k for k in SMALL_RUN if getattr(cfg, k) != getattr(_DEFAULTS, k)]
+    if cfg.recipe == "off" or (cfg.recipe == "auto" and (given or scored >= SMALL_RUN_BELOW)):
+        return cfg, ""
+    fill = {k: v for k, v in SMALL_RUN.items() if k not in given and not (k == "ema" and cfg.fsdp)}
+    why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
+    said = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}"
+                    for k, v in fill.items())  # fmt: skip
+    return replace(
+        cfg, **fill
+    ), f"train: the small-run recipe ({why}): {said}; --recipe off keeps the defaults"
+
+
 # settings that may change on --resume without breaking exactness
 _RESUME_FREE = {"resume", "progress", "tensorboard", "report_to", "checkpoint_every", "keep_checkpoints", "log_every",
                 "val_every", "prefetch", "prefetch_depth", "tensor_parallel_size", "engine_args", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip

@@ -186,6 +186,7 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
         torch.autocast, device.type, dtype=torch.bfloat16, enabled=amp_dtype == "bfloat16"
     )
     st = _setup(shards, cfg, device)
+    cfg = st.cfg  # with the small-run recipe's settings where it applies
     batches0, per_epoch, total, val_batches = _plan(st, cfg, world)
     ck_head = head_checkpointing(cfg.checkpoint_head, cfg.ttt_steps, cfg.max_tokens // world,
                                  st.draft.cfg.draft_vocab_size)  # fmt: skip

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from specdraft.model.draft import Eagle3Draft, build_draft
 from specdraft.train.batches import OnlineSource, ScatteredSource, ShardSource, split_sids
-from specdraft.train.config import TrainConfig
+from specdraft.train.config import TrainConfig, with_recipe
 from specdraft.train.ttt import TeacherHead
 from specdraft.train.warmstart import warm_draft
 
@@ -36,6 +36,9 @@ class _Setup:
     teacher: TeacherHead
     provenance: dict = field(default_factory=dict)
     embed_source: object = None  # where checkpoints find the frozen embedding (None: they keep a copy)
+    cfg: TrainConfig | None = (
+        None  # the settings trained with: the given ones, with the recipe's (`with_recipe`)
+    )
 
 
 @dataclass
@@ -48,6 +51,9 @@ class _Opened:
     target: object  # the loaded target
     layer_ids: list[int]  # 3 aux layer ids + the final layer id
     provenance: dict
+    scored: (
+        int  # loss-masked tokens of the samples used (offline: estimated from the dataset's share of them)
+    )
 
 
 def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
@@ -79,7 +85,8 @@ def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype
         source = ScatteredSource(source, rank, world)
     prov = {"mode": "online", "backend": cfg.backend, "dataset": str(Path(data).resolve()), "layer_ids": layer_ids,
             "dataset_hash": ds.content_hash, "rendering": rendering_of(ds.manifest)}  # fmt: skip
-    return _Opened(source, lengths, ds.token_counts, tgt, layer_ids, prov)
+    scored = sum(sum(ds.loss_mask[s]) for s in sids)
+    return _Opened(source, lengths, ds.token_counts, tgt, layer_ids, prov, scored)
 
 
 def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str, max_len: int, engine: bool):
@@ -142,10 +149,13 @@ def _open_offline(data: str, cfg: TrainConfig, device: torch.device, target_dtyp
     if cfg.max_samples:
         sids = sids[: cfg.max_samples]
     lengths = {s: ss.length(s) for s in sids}
+    dm = _dataset_manifest(man.get("dataset"))
     prov = {"mode": "offline", "shards": data, "layer_ids": layer_ids, "dataset_hash": man["dataset_hash"],
-            "extraction": sorted(m["extraction_id"] for m in ss.manifests),
-            "rendering": rendering_of(_dataset_manifest(man.get("dataset")))}  # fmt: skip
-    return _Opened(ShardSource(ss), lengths, counts, tgt, layer_ids, prov)
+            "extraction": sorted(m["extraction_id"] for m in ss.manifests), "rendering": rendering_of(dm)}  # fmt: skip
+    scored = int(counts.sum())  # the whole dataset's; the share of it these samples hold, where recorded
+    if dm.get("num_tokens") and "num_loss_tokens" in dm:
+        scored = round(dm["num_loss_tokens"] * min(1.0, sum(lengths.values()) / dm["num_tokens"]))
+    return _Opened(ShardSource(ss), lengths, counts, tgt, layer_ids, prov, scored)
 
 
 def _dataset_manifest(path: str | None) -> dict:
@@ -196,6 +206,9 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     )
     opened = (_open_online if cfg.online else _open_offline)(data, cfg, device, target_dtype)
     tgt, layer_ids, prov = opened.target, opened.layer_ids, opened.provenance
+    cfg, said = with_recipe(cfg, opened.scored)
+    if said and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(said, flush=True)
     if len(layer_ids) != 4:
         raise ValueError(f"EAGLE-3 needs 3 aux layers + the final layer; the data has layer ids {layer_ids}")
     lengths = {s: min(n, cfg.max_length) for s, n in opened.lengths.items() if n >= 3}
@@ -208,7 +221,7 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     teacher = TeacherHead(tgt, draft.t2d).to(device)
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
     embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding
-    return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov, embed)
+    return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov, embed, cfg)
 
 
 def _lr_lambda(cfg: TrainConfig, total: int):

@@ -1,0 +1,52 @@
+"""train --recipe: the small-run recipe (measured best along the scaling curve) is what a run on small data gets
+when none of its settings is given; given settings, large data or `--recipe off` keep the library defaults."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from test_train_rough_edges import shards  # noqa: F401  (the module's fixture)
+
+from specdraft.train.config import SMALL_RUN, SMALL_RUN_BELOW, TrainConfig, with_recipe
+from specdraft.train.loop import train
+
+DEFAULTS = TrainConfig()
+
+
+def test_auto_applies_the_recipe_to_small_data_when_none_of_it_is_given():
+    got, said = with_recipe(DEFAULTS, 80_000)
+    assert {k: getattr(got, k) for k in SMALL_RUN} == SMALL_RUN
+    assert "80,000 scored tokens" in said and "--lr 0.001" in said and "--prompt-loss" in said
+    assert got.recipe == "auto" and replace(got, **{k: getattr(DEFAULTS, k) for k in SMALL_RUN}) == DEFAULTS
+
+
+@pytest.mark.parametrize("case", ["large data", "a setting given", "off"])
+def test_otherwise_the_settings_are_kept_as_given(case):
+    cfg, scored = {
+        "large data": (DEFAULTS, SMALL_RUN_BELOW),
+        "a setting given": (replace(DEFAULTS, lr=3e-4), 80_000),
+        "off": (replace(DEFAULTS, recipe="off"), 80_000),
+    }[case]
+    assert with_recipe(cfg, scored) == (cfg, "")
+
+
+def test_on_fills_in_what_was_not_given_at_any_size_and_leaves_ema_out_under_fsdp():
+    got, said = with_recipe(replace(DEFAULTS, recipe="on", lr=3e-4, fsdp=True), 10**9)
+    assert got.lr == 3e-4 and got.max_tokens == 512 and got.prompt_loss and got.steps_per_batch == 2
+    assert got.ema == 0.0 and "--recipe on" in said and "--lr" not in said
+
+
+def test_a_run_on_small_data_trains_with_the_recipe_and_says_so(tmp_path, shards, capsys):  # noqa: F811
+    base = dict(draft_vocab_size=64, ttt_steps=2, max_length=96, max_steps=2, val_fraction=0.0, progress=False,
+                tensorboard=False)  # fmt: skip
+    train(str(shards), str(tmp_path / "auto"), TrainConfig(**base))
+    train(str(shards), str(tmp_path / "off"), TrainConfig(**base, recipe="off"))
+    out = capsys.readouterr().out
+    assert out.count("train: the small-run recipe (") == 1 and "--recipe off keeps the defaults" in out
+
+    def first(run: str) -> dict:
+        return json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[0])
+
+    assert first("auto")["lr"] == pytest.approx(1e-3) and first("off")["lr"] <= 1e-4
