@@ -297,7 +297,7 @@ def report(rows: list[dict], out: Path) -> dict:
     ax.set_xlabel("training reply tokens (one epoch)")
     ax.set_ylabel("vLLM tau, MT-bench first turns (k=3)")
     ax.set_title("SmolLM2-135M-Instruct: acceptance against training data")
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "scaling.png", dpi=120)
     return summary
