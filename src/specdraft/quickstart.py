@@ -181,21 +181,12 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     title = f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)"
     with clock.stage("train", title, done):
         if not done:
-            cfg = TrainConfig(
-                draft_vocab_size=b.draft_vocab_size,
-                ttt_steps=b.ttt_steps,
-                epochs=b.epochs,
-                lr=b.lr,
-                max_tokens=b.max_tokens,
-                schedule=b.schedule,
-                checkpoint_every=50,
-                val_fraction=0.05,
-                val_every=100,
-                device=device,
-                resume=latest_checkpoint(train_dir) is not None,
-                recipe="off",
-                **(SMALL_RUN if b.recipe else {}),
-            )  # fmt: skip  (the budget sets every setting)
+            # the budget sets every setting: train's own recipe (--recipe auto) is off
+            cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
+                              max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
+                              val_fraction=0.05, val_every=100, device=device,
+                              resume=latest_checkpoint(train_dir) is not None, recipe="off",
+                              **(SMALL_RUN if b.recipe else {}))  # fmt: skip
             train(str(hs_dir), str(train_dir), cfg)
 
     # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check

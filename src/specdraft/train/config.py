@@ -139,9 +139,8 @@ _DEFAULTS = TrainConfig()
 # the small-run recipe: measured against the defaults above along the scaling curve (docs/training.md)
 SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss": True, "decay": 0.5,
              "hard_weight": 1.0, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99}  # fmt: skip
-SMALL_RUN_BELOW = (
-    500_000  # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's top point)
-)
+# scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's measured range)
+SMALL_RUN_BELOW = 500_000
 
 
 def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
@@ -157,9 +156,8 @@ def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
     said = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}"
                     for k, v in fill.items())  # fmt: skip
-    return replace(
-        cfg, **fill
-    ), f"train: the small-run recipe ({why}): {said}; --recipe off keeps the defaults"
+    said = f"train: the small-run recipe ({why}): {said}; --recipe off keeps the defaults"
+    return replace(cfg, **fill), said
 
 
 # settings that may change on --resume without breaking exactness

@@ -36,9 +36,7 @@ class _Setup:
     teacher: TeacherHead
     provenance: dict = field(default_factory=dict)
     embed_source: object = None  # where checkpoints find the frozen embedding (None: they keep a copy)
-    cfg: TrainConfig | None = (
-        None  # the settings trained with: the given ones, with the recipe's (`with_recipe`)
-    )
+    cfg: TrainConfig | None = None  # the settings trained with (the recipe's where it applies: `with_recipe`)
 
 
 @dataclass
@@ -51,9 +49,7 @@ class _Opened:
     target: object  # the loaded target
     layer_ids: list[int]  # 3 aux layer ids + the final layer id
     provenance: dict
-    scored: (
-        int  # loss-masked tokens of the samples used (offline: estimated from the dataset's share of them)
-    )
+    scored: int  # loss-masked tokens of the samples used (offline: the dataset's share, estimated)
 
 
 def _open_online(data: str, cfg: TrainConfig, device: torch.device, target_dtype: str) -> _Opened:
