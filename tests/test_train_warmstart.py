@@ -14,7 +14,7 @@ from test_train_rough_edges import TRAINED, _dist, cfg, shards  # noqa: F401  (t
 
 from specdraft.model.checkpoint import load_draft
 from specdraft.train.loop import train
-from specdraft.train.warmstart import warm_draft
+from specdraft.train.setup import warm_draft
 
 
 @pytest.fixture(scope="module")

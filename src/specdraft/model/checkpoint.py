@@ -142,19 +142,25 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def draft_dir(path: str | Path) -> Path | None:
+    """The saved draft `path` names: itself, its `final/` (training finished), or the newest checkpoint of a
+    `specdraft train` output dir; None when it names none."""
+    p = Path(path)
+    if (p / CONFIG_FILE).exists():
+        return p
+    if (p / "final" / CONFIG_FILE).exists():
+        return p / "final"
+    return latest_checkpoint(p) if (p / "checkpoints").is_dir() else None
+
+
 def load_trained(path: str | Path, with_embeddings: bool = True) -> Eagle3Draft:
     """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`) or a `specdraft train` output dir.
 
     A train output dir gives its `final/` draft when training finished, else its newest checkpoint.
     `with_embeddings=False`: see `load_draft` (export does not need them).
     """
-    p = Path(path)
-    if (p / CONFIG_FILE).exists():
-        return load_draft(p, with_embeddings=with_embeddings)
-    if (p / "final" / CONFIG_FILE).exists():
-        return load_draft(p / "final", with_embeddings=with_embeddings)
-    ck = latest_checkpoint(p) if (p / "checkpoints").is_dir() else None
-    if ck is None:
-        raise FileNotFoundError(f"{p} is neither a saved draft dir (with {CONFIG_FILE}) nor a `specdraft train` "
+    d = draft_dir(path)
+    if d is None:
+        raise FileNotFoundError(f"{path} is neither a saved draft dir (with {CONFIG_FILE}) nor a `specdraft train` "
                                 "output dir (with final/ or checkpoints/)")  # fmt: skip
-    return load_draft(ck, with_embeddings=with_embeddings)
+    return load_draft(d, with_embeddings=with_embeddings)

@@ -5,8 +5,8 @@ forward, non-finite check, backward + step, log, validate, checkpoint), each pha
 The rest, in the order `train` uses it:
 
 - `config.py`: `TrainConfig`, the settings (each field's comment is its --help), and their checks.
-- `setup.py`: open the data (shards, or a dataset + the target online), build the draft and the teacher.
-- `warmstart.py`: --init-from, a new run starting from a trained draft (its weights and vocabulary).
+- `setup.py`: open the data (shards, or a dataset + the target online), build the draft (or, --init-from, load a
+  trained one) and the teacher.
 - `batches.py`: sample sources, length-grouped batch plans, collation into a padded `Batch`.
 - `ahead.py`: batches loaded (shards) or captured (online through vLLM) ahead of the trainer, a bounded queue.
 - `ttt.py`: the TTT unroll, its attention mask, the teacher head and the loss (`TTTModel`).

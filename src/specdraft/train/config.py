@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specdraft.model.checkpoint import draft_dir, load_draft_config
 from specdraft.train.metrics import tracker_problems
-from specdraft.train.warmstart import init_problems
 
 
 @dataclass
@@ -132,6 +132,33 @@ class TrainConfig:
         if self.max_length < 3:
             errs.append("--max-length must be at least 3 (a draft position needs tokens t, t+1, t+2)")
         return errs
+
+
+def init_problems(cfg: TrainConfig) -> list[str]:
+    """--init-from: the settings' disagreements with the draft it names (each with its fix). A new run from a
+    trained draft takes its weights and draft vocabulary, with a new optimizer, schedule and EMA (`setup.warm_draft`).
+    """
+    if not cfg.init_from:
+        return []
+    p = draft_dir(cfg.init_from)
+    if p is None:
+        return [
+            f"--init-from {cfg.init_from}: no saved draft there (a final/, checkpoints/step_N, or a train OUT)"
+        ]
+    try:
+        dc = load_draft_config(p)
+    except (OSError, ValueError) as e:
+        return [f"--init-from {cfg.init_from}: {e}"]
+    errs = []
+    if dc.draft_vocab_size != cfg.draft_vocab_size:
+        errs.append(f"--init-from {p} has a draft vocabulary of {dc.draft_vocab_size} tokens: pass "
+                    f"--draft-vocab-size {dc.draft_vocab_size} (the vocabulary is the draft's)")  # fmt: skip
+    if dc.norm_before_residual != cfg.norm_before_residual:
+        flag = "--norm-before-residual" if dc.norm_before_residual else "--no-norm-before-residual"
+        errs.append(
+            f"--init-from {p} was built with norm_before_residual={dc.norm_before_residual}: pass {flag}"
+        )
+    return errs
 
 
 _DEFAULTS = TrainConfig()

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from specdraft.model.checkpoint import draft_dir, load_draft, load_draft_config
 from specdraft.model.draft import Eagle3Draft, build_draft
 from specdraft.train.batches import OnlineSource, ScatteredSource, ShardSource, split_sids
 from specdraft.train.config import TrainConfig, with_recipe
 from specdraft.train.ttt import TeacherHead
-from specdraft.train.warmstart import warm_draft
 
 
 @dataclass
@@ -218,6 +218,26 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
     embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding
     return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov, embed, cfg)
+
+
+def warm_draft(path: str, target, aux_layer_ids: list[int]) -> tuple[Eagle3Draft, str]:
+    """The --init-from draft for this target and these aux layers (float32, embeddings frozen), and its path."""
+    p = draft_dir(path)
+    assert p is not None, "init_problems vets the path before setup"
+    dc = load_draft_config(p)
+    errs = []
+    if dc.target_config_hash and target.config_hash and dc.target_config_hash != target.config_hash:
+        errs.append(f"it was trained for another target (config hash {dc.target_config_hash}; the data's target "
+                    f"has {target.config_hash}): start a fresh run, or train on this target's hidden states")  # fmt: skip
+    if list(dc.aux_layer_ids) != list(aux_layer_ids):
+        errs.append(f"it reads aux layers {list(dc.aux_layer_ids)}, the data holds {list(aux_layer_ids)}: "
+                    f"extract with --layers {' '.join(map(str, dc.aux_layer_ids))}")  # fmt: skip
+    if dc.hidden_size != target.hidden_size or dc.vocab_size != target.vocab_size:
+        errs.append(f"its sizes (hidden {dc.hidden_size}, vocab {dc.vocab_size}) are not the target's "
+                    f"(hidden {target.hidden_size}, vocab {target.vocab_size})")  # fmt: skip
+    if errs:
+        raise ValueError(f"train --init-from {p}: " + "; ".join(errs))
+    return load_draft(p), str(p)
 
 
 def _lr_lambda(cfg: TrainConfig, total: int):
