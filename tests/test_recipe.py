@@ -50,3 +50,13 @@ def test_a_run_on_small_data_trains_with_the_recipe_and_says_so(tmp_path, shards
         return json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[0])
 
     assert first("auto")["lr"] == pytest.approx(1e-3) and first("off")["lr"] <= 1e-4
+
+
+def test_resuming_without_the_recipe_the_run_started_with_says_which(tmp_path, shards):  # noqa: F811
+    """A run started with --recipe off (or before --recipe existed) resumed with the default auto: refused, and
+    the error names the flag."""
+    base = dict(draft_vocab_size=64, ttt_steps=2, max_length=96, val_fraction=0.0, progress=False, tensorboard=False,
+                checkpoint_every=1)  # fmt: skip
+    train(str(shards), str(tmp_path / "run"), TrainConfig(**base, max_steps=1, recipe="off"))
+    with pytest.raises(ValueError, match="--recipe off"):
+        train(str(shards), str(tmp_path / "run"), TrainConfig(**base, max_steps=2, resume=True))

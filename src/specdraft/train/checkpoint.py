@@ -25,7 +25,7 @@ from torch import nn
 from specdraft.fileio import atomic_write_text, changed_settings
 from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, load_draft_state, save_draft
 from specdraft.model.draft import Eagle3Draft
-from specdraft.train.config import _RESUME_FREE, TrainConfig
+from specdraft.train.config import _RESUME_FREE, SMALL_RUN, TrainConfig
 
 
 def _rng_state() -> dict:
@@ -135,9 +135,13 @@ def _load_train_state(
     changed = [k for k, _, _ in changed_settings(old, asdict(cfg), defaults, skip=_RESUME_FREE)]
     if state["world"] != world:
         changed.append(f"{state['world']} ranks instead of {world}")
+    hint = ""
+    if changed and set(changed) <= {*SMALL_RUN, "recipe"}:  # what --recipe auto decides from the data alone
+        hint = (" (these are the small-run recipe's: resume with the --recipe the run started with; a run from "
+                "before --recipe existed: --recipe off)")  # fmt: skip
     if changed or state["plan_hash"] != plan_hash:
-        raise ValueError(f"train --resume: {ckpt} was written with other settings ({', '.join(changed) or 'data'}): "
-                         "resume with the same settings and data, or start a new --out")  # fmt: skip
+        raise ValueError(f"train --resume: {ckpt} was written with other settings ({', '.join(changed) or 'data'})"
+                         f"{hint}: resume with the same settings and data, or start a new --out")  # fmt: skip
     return state
 
 
