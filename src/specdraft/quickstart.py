@@ -30,6 +30,7 @@ from pathlib import Path
 from specdraft.fileio import DirLock, atomic_write_text, changed_settings
 from specdraft.targets import EMBEDDED_DEFAULT
 from specdraft.train.config import SMALL_RUN as TRAIN_RECIPE
+from specdraft.train.config import flags
 
 SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
 TIMES_FILE = "timings.json"  # seconds each stage worked, summed over the runs that did its work
@@ -263,15 +264,6 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
     return ds_dir, hs_dir
 
 
-def _flags(settings: dict) -> str:
-    """`train`'s command-line spelling of TrainConfig settings (a bool is --flag / --no-flag)."""
-    flag = lambda k: k.replace("_", "-")  # noqa: E731
-    return " ".join(
-        (f"--{'' if v else 'no-'}{flag(k)}" if isinstance(v, bool) else f"--{flag(k)} {v}")
-        for k, v in settings.items()
-    )
-
-
 def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict | None, exports: dict) -> dict:
     """summary.json from the stages' outputs, printed as a table with the serve commands; returns it."""
     from specdraft.data.prepare import MANIFEST_FILE
@@ -289,7 +281,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "budget": {"name": budget, **asdict(b)},
         "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
         f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
-        + (f", the small-run recipe ({_flags(SMALL_RUN)})" if b.recipe else "")
+        + (f", the small-run recipe ({flags(SMALL_RUN)})" if b.recipe else "")
         + "; `specdraft train` defaults to EAGLE-3's 32000 and 7, with this recipe under 500k scored tokens "
         "(--recipe auto) and 1e-4, 4096, cosine above",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},

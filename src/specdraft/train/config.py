@@ -134,6 +134,15 @@ class TrainConfig:
         return errs
 
 
+def flags(settings: dict) -> str:
+    """`train`'s command-line spelling of TrainConfig settings (a bool is --flag / --no-flag)."""
+    flag = lambda k: k.replace("_", "-")  # noqa: E731
+    return " ".join(
+        (f"--{'' if v else 'no-'}{flag(k)}" if isinstance(v, bool) else f"--{flag(k)} {v}")
+        for k, v in settings.items()
+    )
+
+
 def init_problems(cfg: TrainConfig) -> list[str]:
     """--init-from: the settings' disagreements with the draft it names (each with its fix). A new run from a
     trained draft takes its weights and draft vocabulary, with a new optimizer, schedule and EMA (`setup.warm_draft`).
@@ -154,7 +163,7 @@ def init_problems(cfg: TrainConfig) -> list[str]:
         errs.append(f"--init-from {p} has a draft vocabulary of {dc.draft_vocab_size} tokens: pass "
                     f"--draft-vocab-size {dc.draft_vocab_size} (the vocabulary is the draft's)")  # fmt: skip
     if dc.norm_before_residual != cfg.norm_before_residual:
-        flag = "--norm-before-residual" if dc.norm_before_residual else "--no-norm-before-residual"
+        flag = flags({"norm_before_residual": dc.norm_before_residual})
         errs.append(
             f"--init-from {p} was built with norm_before_residual={dc.norm_before_residual}: pass {flag}"
         )
@@ -181,9 +190,7 @@ def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
         return cfg, ""
     fill = {k: v for k, v in SMALL_RUN.items() if k not in given and not (k == "ema" and cfg.fsdp)}
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
-    said = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}"
-                    for k, v in fill.items())  # fmt: skip
-    said = f"train: the small-run recipe ({why}): {said}; --recipe off keeps the defaults"
+    said = f"train: the small-run recipe ({why}): {flags(fill)}; --recipe off keeps the defaults"
     return replace(cfg, **fill), said
 
 
