@@ -100,6 +100,84 @@ def _bind_problems(e: Entry, sig: SigInfo, forwarded: SigInfo | None) -> list[st
     return msgs
 
 
+def _outer_function(
+    tree: SourceTree, symbol: str
+) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef | None, Path]:
+    """The ``def`` that takes our call (a function, or a class's ``__init__``), read from source."""
+    found, _ = tree.resolve(symbol)
+    if found is not None and found.kind == "class":
+        found = tree.member(found, "__init__")
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None, Path()
+    return found.node, (found.owner.path if found.owner is not None else found.path)
+
+
+def _body_nodes(fn: ast.AST) -> list[ast.AST]:
+    """The nodes of ``fn``'s body, nested functions and classes left out (they run elsewhere, if at all)."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        out.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _kwargs_collisions(e: Entry, tree: SourceTree, sig: SigInfo) -> list[str]:
+    """Keywords of ours that travel through ``**kwargs`` and that the callable also passes explicitly to the
+    call it hands ``**kwargs`` on to: Python refuses that call (``got multiple values for keyword argument``).
+
+    This is what a parameter renamed in the outer signature only does (``LLM.__init__`` renames
+    ``kv_cache_memory_bytes`` and passes ``EngineArgs(kv_cache_memory_bytes=new_name, **kwargs)``): the old
+    name still binds (``**kwargs``) and the receiver still takes it, yet the call fails. A key the body
+    removes from ``kwargs`` first (``kwargs.pop("k")``, ``del kwargs["k"]``) does not collide.
+    """
+    fn, path = _outer_function(tree, e.symbol)
+    if fn is None or fn.args.kwarg is None:
+        return []
+    var = fn.args.kwarg.arg
+    through = [k for k in e.keywords if k not in sig.names()]
+    nodes = _body_nodes(fn)
+    removed: set[str] = set()
+    for n in nodes:
+        key = None
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "pop"
+            and isinstance(n.func.value, ast.Name)
+            and n.func.value.id == var
+            and n.args
+        ):
+            key = n.args[0]
+        elif isinstance(n, ast.Delete):
+            for t in n.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == var:
+                    key = t.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            removed.add(key.value)
+    msgs = []
+    for n in sorted((n for n in nodes if isinstance(n, ast.Call)), key=lambda n: n.lineno):
+        spreads = any(
+            k.arg is None and isinstance(k.value, ast.Name) and k.value.id == var for k in n.keywords
+        )
+        if not spreads:
+            continue
+        explicit = {k.arg for k in n.keywords if k.arg is not None}
+        clash = [k for k in through if k in explicit and k not in removed]
+        if clash:
+            callee = shorten(ast.unparse(n.func), 60)
+            msgs.append(
+                f"keyword(s) {clash} are no longer parameters of {e.qualname} and travel through "
+                f"**{var}, but {e.qualname} also passes them explicitly to {callee}(..., **{var}) at "
+                f"{path}:{n.lineno}: the call fails with `got multiple values for keyword argument "
+                f"{clash[0]!r}` (renamed in {e.qualname}'s signature only?)"
+            )
+    return msgs
+
+
 # ---------------------------------------------------------------------------------------------
 # import-based signatures
 # ---------------------------------------------------------------------------------------------
@@ -273,6 +351,8 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
     wants_call = e.positional or e.keywords
     if wants_call:
         msgs = _bind_problems(e, sig, fwd)
+        if e.forwards_kwargs_to and sig.has(VAR_KW):
+            msgs += _kwargs_collisions(e, tree, sig)
         if sig.real is not None and not msgs:
             try:
                 sig.real.bind(*([None] * e.positional), **{k: None for k in e.keywords})
