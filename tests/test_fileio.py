@@ -30,7 +30,7 @@ def _holder(directory) -> subprocess.Popen:
 
 def test_temporaries_are_private_to_the_writer(tmp_path):
     target = tmp_path / "manifest.json"
-    assert fileio.tmp_path(target).name == f".manifest.json.{os.getpid()}.tmp"
+    assert fileio.tmp_path(target).name == f".manifest.json.specdraft-{os.getpid()}.tmp"
     atomic_write_text(target, "x")
     assert target.read_text() == "x" and not list(tmp_path.glob(".*.tmp"))
 
@@ -57,15 +57,18 @@ def test_an_output_path_that_is_a_file_is_refused_in_one_line(tmp_path):
         with pytest.raises(ValueError) as e:
             with DirLock(out, "extraction"):
                 pass
+        under = "" if out == f else f"{out}: "  # the user's path, and the file in its way
         assert str(e.value) == (
-            f"{f} is a file, not a directory: choose a directory path for this extraction's output"
+            f"{under}{f} is a file, not a directory: choose a directory path for this extraction's output"
         )
     assert f.read_text() == "notes"
 
 
 def test_taking_the_lock_cleans_leftovers_of_killed_writers(tmp_path):
-    (tmp_path / ".shard-00000-00001.safetensors.4242.tmp").write_bytes(b"partial")
-    (tmp_path / ".step_00000020.4242.tmp").mkdir()
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a specdraft writer that died: its pid is no longer alive
+    (tmp_path / f".shard-00000-00001.safetensors.specdraft-{p.pid}.tmp").write_bytes(b"partial")
+    (tmp_path / f".step_00000020.specdraft-{p.pid}.tmp").mkdir()
     (tmp_path / "shard-00000-00000.safetensors").write_bytes(b"whole")
     with DirLock(tmp_path, "extraction"):
         assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE, "shard-00000-00000.safetensors"]

@@ -1,8 +1,9 @@
 """Files every stage writes the same way: atomic replacement, content hashes, the tensor dtype names.
 
 The lowest layer of the package: it imports nothing from specdraft. A write goes to a temporary name
-unique to the writing process (``.NAME.<pid>.tmp``) and is renamed over the target only when complete,
-so a reader never sees half a file and two writers never share a temporary.
+unique to the writing process (``.NAME.specdraft-<pid>.tmp``) and is renamed over the target only when
+complete, so a reader never sees half a file and two writers never share a temporary; the prefix and pid
+let a later writer prove a leftover is a dead specdraft process's, and remove only those.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -22,9 +24,73 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+#: a temporary of specdraft's: ``.NAME.specdraft-<pid>.tmp`` (group 1: the writer's pid)
+TMP_PATTERN = re.compile(r"^\..+\.specdraft-(\d+)\.tmp$")
+
+
 def tmp_path(path: Path) -> Path:
     """A temporary sibling of ``path`` private to this process (hidden, removed by the rename)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.specdraft-{os.getpid()}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_writers_leftovers(directory: Path) -> list[Path]:
+    """The temporaries in ``directory`` that specdraft processes no longer alive left (:data:`TMP_PATTERN`
+    with a dead pid): provably ours and abandoned. Anything else, a user's ``.cache.tmp/`` included, is not."""
+    found = []
+    for p in directory.iterdir():
+        m = TMP_PATTERN.match(p.name)
+        if m and int(m[1]) != os.getpid() and not _alive(int(m[1])):
+            found.append(p)
+    return sorted(found)
+
+
+def file_in_the_way(directory: str | Path, what: str) -> ValueError | None:
+    """The one-line error for an output directory that is, or lies under, a file (naming the user's path and
+    the file in the way); None when there is none."""
+    d = Path(directory)
+    blocker = next((p for p in (d, *d.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is None:
+        return None
+    under = "" if blocker == d else f"{d}: "
+    return ValueError(
+        f"{under}{blocker} is a file, not a directory: choose a directory path for this {what}'s output"
+    )
+
+
+def output_dir(directory: str | Path, what: str) -> Path:
+    """Create ``directory`` (and its parents) for a command's output, refused in one line under a file
+    (:func:`file_in_the_way`)."""
+    d = Path(directory)
+    problem = file_in_the_way(d, what)
+    if problem is not None:
+        raise problem
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def read_state(path: Path, fix: str, keys: Collection[str] = ()) -> dict:
+    """A JSON state file (a manifest, a settings record) holding an object with ``keys``; one that cannot be
+    read, is not such an object or lacks a key is a one-line ValueError naming it, with ``fix``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} cannot be read (not JSON: {e}): {fix}") from None
+    missing = [k for k in keys if k not in data] if isinstance(data, dict) else list(keys)
+    if not isinstance(data, dict) or missing:
+        what = f"lacks {', '.join(map(repr, missing))}" if isinstance(data, dict) else "is not a JSON object"
+        raise ValueError(f"{path} cannot be read (it {what}): {fix}")
+    return data
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -68,9 +134,9 @@ class DirLock:
 
     ``fcntl.flock`` on ``DIR/.specdraft.lock``: the kernel drops the lock when its process dies, however
     it dies, so a lock left by a killed run is stale by construction and the next run takes it over. The
-    file records the holder (pid, command) for the message a second process gets. On taking the lock,
-    temporaries that killed writers left in the directory (``.*.tmp``, files or directories) are removed:
-    no live writer can own them while we hold the lock.
+    file records the holder (pid, command) for the message a second process gets. On taking the lock, the
+    temporaries that dead specdraft writers left (:func:`dead_writers_leftovers`: our prefix, a pid no longer
+    alive) are removed; nothing else in the directory is ever touched.
     """
 
     def __init__(self, directory: str | Path, what: str):
@@ -83,15 +149,7 @@ class DirLock:
         import shutil
         import sys
 
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            blocker = next(
-                (p for p in (self.dir, *self.dir.parents) if p.exists() and not p.is_dir()), self.dir
-            )
-            raise ValueError(
-                f"{blocker} is a file, not a directory: choose a directory path for this {self.what}'s output"
-            ) from None
+        output_dir(self.dir, self.what)
         path = self.dir / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -106,7 +164,7 @@ class DirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv[:3])} {self.what}".encode(), 0)
         self._fd = fd
-        for leftover in self.dir.glob(".*.tmp"):
+        for leftover in dead_writers_leftovers(self.dir):
             if leftover.is_dir():
                 shutil.rmtree(leftover, ignore_errors=True)
             else:

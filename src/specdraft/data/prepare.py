@@ -61,7 +61,7 @@ from specdraft.data.sources import (
     read_records,
     sharegpt_path,
 )
-from specdraft.fileio import atomic_write_text, file_hash, sha256_file, tmp_path
+from specdraft.fileio import atomic_write_text, file_hash, output_dir, read_state, sha256_file, tmp_path
 
 __all__ = ["LEADING_DROPPED", "ReadReport", "read_conversations", "sharegpt_path", "prepare", "load_dataset"]
 DATASET_FILE = "data.parquet"
@@ -193,8 +193,7 @@ def prepare(
     if not convs:
         raise ValueError(f"no usable conversation in {', '.join(s.path for s in sources)}: "
                          + "; ".join(_describe_drops(r.report) for r in reads))  # fmt: skip
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out, "dataset")
     table, counts, kinds, per_conv = _rows(convs, len(tok))
     content = _write_dataset(out_dir, table, counts, overwrite)
     manifest = {
@@ -439,7 +438,7 @@ def load_dataset(path: str | Path) -> Dataset:
         raise FileNotFoundError(
             f"{p} is not a prepared dataset (no {MANIFEST_FILE}/{DATASET_FILE}): run `specdraft prepare`"
         )
-    manifest = json.loads((p / MANIFEST_FILE).read_text())
+    manifest = read_state(p / MANIFEST_FILE, f"rerun `specdraft prepare` into {p}")
     if not (p / COUNTS_FILE).exists():
         raise FileNotFoundError(f"{p / COUNTS_FILE} missing: rerun `specdraft prepare` into {p}")
     actual = dataset_hash(p)

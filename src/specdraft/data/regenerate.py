@@ -50,7 +50,7 @@ from tqdm import tqdm
 from specdraft.data.messages import Conversation, normalize_record
 from specdraft.data.prepare import ReadReport, _describe_drops, read_conversations
 from specdraft.data.render import choose_template, require_chat_template, template_identity
-from specdraft.fileio import DirLock, atomic_write_text, changed_settings, file_hash
+from specdraft.fileio import DirLock, atomic_write_text, changed_settings, file_hash, read_state
 from specdraft.targets import EMBEDDED_DEFAULT, stop_ids
 
 SETTINGS_FILE = "regenerate.json"
@@ -280,7 +280,11 @@ def _check_resume(out: Path, settings: dict, defaults: dict) -> None:
     f = out / SETTINGS_FILE
     if not f.exists() or not any(out.glob("chunk-*.jsonl")):
         return
-    before = json.loads(f.read_text())["settings"]
+    fix = (
+        f"delete {f} and rerun with the settings this run started with (the chunks there are kept), or "
+        "choose another output directory"
+    )
+    before = read_state(f, fix, keys=("settings",))["settings"]
     diff = changed_settings(before, settings, defaults)
     if diff:
         shown = ", ".join(f"{k}: {was!r} -> {now!r}" for k, was, now in diff)
