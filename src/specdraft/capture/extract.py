@@ -43,7 +43,7 @@ from specdraft.data.store import (
     write_manifest,
     write_shard,
 )
-from specdraft.fileio import DTYPES, DirLock, changed_settings, weights_fingerprint
+from specdraft.fileio import DTYPES, DirLock, changed_settings, read_state, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
 
 #: identity field -> what the user changed to get another value (the resume refusal names it)
@@ -57,6 +57,8 @@ _IDENTITY_SOURCES = {
     "layer_ids": "--layers",
     "target_config_hash": "--target (another model config)",
     "target_weights": "--target (other weights)",
+    "compute_dtype": "--dtype",
+    "backend": "--backend",
 }
 
 
@@ -111,7 +113,7 @@ def extract(
     out_dir = Path(out)
     with DirLock(out_dir, "extraction"):
         job = _plan(ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples, num_shards,
-                    shard_index, trust_remote_code)  # fmt: skip
+                    shard_index, trust_remote_code, {"compute_dtype": dtype, "backend": backend})  # fmt: skip
         if not job.todo and job.was_complete:
             print(f"extract: {out_dir} is already complete ({len(job.plan)} shards)")
             return out_dir
@@ -172,9 +174,10 @@ class _Job:
 
 
 def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype: str, samples_per_shard: int,
-          max_samples: int, num_shards: int, shard_index: int, trust_remote_code: bool) -> _Job:  # fmt: skip
+          max_samples: int, num_shards: int, shard_index: int, trust_remote_code: bool, compute: dict) -> _Job:  # fmt: skip
     """Plan this process's shards, compute the run's identity (target config and weights read, not
-    loaded), refuse to resume another run's output, and list the shards still to do."""
+    loaded; `compute`: the compute dtype and backend), refuse to resume another run's output, and list the
+    shards still to do."""
     from transformers import AutoConfig
 
     from specdraft.targets import config_hash, locate_target
@@ -196,11 +199,15 @@ def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype:
         "layer_ids": layer_ids,
         "target_config_hash": config_hash(text_cfg),
         "target_weights": weights_fingerprint(local) if local else f"hub:{target}",
+        **compute,
     }
     man_path = out_dir / manifest_name(shard_index, num_shards)
-    old = json.loads(man_path.read_text()) if man_path.exists() else None
+    fix = f"delete {man_path} and rerun the same command (the shards bound to this extraction are kept)"
+    old = read_state(man_path, fix) if man_path.exists() else None
     if old is not None:
         _check_resume(man_path, old, identity)
+        # an extraction recorded before some identity fields (checked against its manifest) keeps its id
+        identity = {k: v for k, v in identity.items() if k in old["identity"]}
     _check_shards_bound(out_dir, shard_index, plan, extraction_id(identity))
     todo = [k for k in range(len(plan)) if not shard_is_complete(out_dir, shard_stem(shard_index, k))]
     was_complete = bool(old and old.get("complete"))
@@ -242,9 +249,10 @@ def _check_resume(man_path: Path, old: dict, identity: dict) -> None:
     if "extraction_id" not in old:
         raise ValueError(f"extract: {man_path} is from specdraft {old.get('specdraft_version', '?')}, before shards "
                          f"were bound to their extraction: {REEXTRACT}")  # fmt: skip
+    before = {"compute_dtype": old.get("compute_dtype"), "backend": old.get("engine", {}).get("backend")}
     diff = [
         f"{k} {was} there, {v} now ({_IDENTITY_SOURCES[k]})"
-        for k, was, v in changed_settings(old["identity"], identity)
+        for k, was, v in changed_settings(old["identity"], identity, before)
     ]
     if diff:
         raise ValueError(f"extract: {man_path.parent} holds another extraction: {'; '.join(diff)}: {fix}")

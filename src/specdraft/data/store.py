@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 
 from specdraft.data import fp8
 from specdraft.data.prepare import COUNTS_FILE, DATASET_FILE, MANIFEST_FILE, dataset_hash
-from specdraft.fileio import DTYPES, atomic_write_bytes, sha256_file, tmp_path
+from specdraft.fileio import DTYPES, atomic_write_bytes, read_state, sha256_file, tmp_path
 
 #: names accepted for the stored hidden states: the torch dtypes and fp8 (e4m3 + a scale per row)
 STORE_DTYPES = (*sorted(DTYPES), "fp8")
@@ -390,22 +390,49 @@ def _read_manifests(paths) -> list[dict]:
         if not found:
             raise FileNotFoundError(f"{d} holds no extraction manifest: run `specdraft extract` first")
         for m in found:
-            man = _read_json(m)
+            fix = (
+                f"delete it and rerun `specdraft extract` with the same command (the shards in {d} are kept)"
+            )
+            man = read_state(m, fix)
             if "extraction_id" not in man:
                 raise ValueError(f"{m}: an extraction by specdraft {man.get('specdraft_version', '?')}, from before "
                                  f"shards were bound to their extraction: {REEXTRACT}")  # fmt: skip
             man["_dir"] = str(d)
             manifests.append(man)
-    keys = ("target", "layer_ids", "dtype", "dataset_hash", "num_shards")
-    ref = manifests[0]
-    for man in manifests[1:]:
-        diff = [k for k in keys if man.get(k) != ref.get(k)]
+    _check_one_extraction(manifests)
+    return manifests
+
+
+def numbers_identity(man: dict) -> dict:
+    """What makes an extraction process's numbers (the same for every process of one extraction): the
+    target's config and weight fingerprint, layers, compute and store dtypes, backend, dataset, process split.
+    Manifests from before the identity held the compute dtype and backend give them from their top level."""
+    ident = {
+        k: v for k, v in man.get("identity", {}).items() if k not in ("shard_index", "samples_per_shard")
+    }
+    ident.setdefault("compute_dtype", man.get("compute_dtype"))
+    ident.setdefault("backend", (man.get("engine") or {}).get("backend"))
+    ident.setdefault("target_config_hash", (man.get("target") or {}).get("config_hash"))
+    for k in ("layer_ids", "dtype", "dataset_hash", "num_shards", "num_samples"):
+        ident.setdefault(k, man.get(k))
+    return ident
+
+
+def _check_one_extraction(manifests: list[dict]) -> None:
+    """Refuse manifests of different extractions, in any order: the processes whose identity is not the one
+    most of them share (the first listed on a tie) are named with each field that differs."""
+    idents = [numbers_identity(m) for m in manifests]
+    ref = max(idents, key=idents.count)
+    ref_dir = manifests[idents.index(ref)]["_dir"]
+    for man, ident in zip(manifests, idents):
+        diff = [f"{k} {ident.get(k)} there, {ref.get(k)} in {ref_dir}" for k in sorted(set(ident) | set(ref))
+                if ident.get(k) != ref.get(k)]  # fmt: skip
         if diff:
             raise ValueError(
-                f"{man['_dir']} was extracted with other settings ({', '.join(diff)}) than {ref['_dir']}: "
-                "open only outputs of one extraction together"
+                f"{man['_dir']} (process {man.get('shard_index')}) was extracted with other settings than "
+                f"{ref_dir}: {'; '.join(diff)}: these are not one extraction; extract that process again into a "
+                "new directory with the target, --layers, --dtype, --backend and --num-shards of the others"
             )
-    return manifests
 
 
 def _manifest_sidecars(man: dict, problems: list) -> list[tuple[Path, Path]]:
