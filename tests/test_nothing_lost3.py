@@ -185,3 +185,152 @@ def test_outputs_at_or_under_a_file_are_refused_naming_the_path(tmp_path, tiny_l
         f"{f / 'ds'}: {f} is a file, not a directory: choose a directory path for this dataset's output"
     )
     assert f.read_text() == "mine"
+
+
+# --- 3: a source given twice ------------------------------------------------------------------------------
+
+
+def test_a_mixture_refuses_a_source_given_twice(tmp_path, tiny_llama_dir):
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(4))
+    again = tmp_path / "sub" / ".." / "c.jsonl"  # the same file, spelled otherwise
+    (tmp_path / "sub").mkdir()
+    for data in ([str(src), str(again)], [f"{src}:0.5", f"{again}:0.5"]):
+        with pytest.raises(ValueError) as e:
+            prepare(data, str(tmp_path / "ds"), target=str(tiny_llama_dir), max_length=64)
+        assert str(e.value) == (
+            f"data source {again} is given twice (also as {src}): a mixture takes each source once, else its "
+            "conversations are repeated; give it once, with a larger weight (PATH:WEIGHT) for a larger share"
+        )
+    assert not (tmp_path / "ds").exists()
+
+
+# --- 4 and 8: export of an unfinished run; export under a file ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unfinished(tmp_path_factory) -> tuple[Path, Path]:
+    """(a train OUT with checkpoints step 2 and 4 but no final/, its target): a run stopped mid-way."""
+    import numpy as np
+    from conftest import build_tiny_model
+
+    from specdraft.model.checkpoint import STATE_FILE, save_draft
+    from specdraft.model.draft import build_draft
+    from specdraft.targets import wrap_model
+
+    d = tmp_path_factory.mktemp("unfinished")
+    target = wrap_model(build_tiny_model("llama"), name="tiny")
+    target.model.save_pretrained(d / "target")
+    draft = build_draft(target, np.arange(target.vocab_size)[::-1].copy(), [2, 4, 5], draft_vocab_size=64)
+    for step in (2, 4):
+        ck = d / "run" / "checkpoints" / f"step_{step:08d}"
+        save_draft(draft, ck)
+        (ck / STATE_FILE).write_bytes(b"")
+    return d / "run", d / "target"
+
+
+def test_export_of_a_run_without_final_names_the_checkpoint_and_records_the_step(
+    tmp_path, unfinished, capsys
+):
+    from specdraft.export import MARKER_FILE, export
+
+    run, target = unfinished
+    ck = run / "checkpoints" / "step_00000004"
+    with pytest.raises(ValueError) as e:
+        export(str(run), str(tmp_path / "e"), target=str(target), check_vllm=False)
+    assert str(e.value) == (
+        f"export: {run} has no final/ (its training has not finished; its newest checkpoint is {ck}): pass that "
+        f"checkpoint to export it (`specdraft export {ck} OUT`), or finish the training (`specdraft train ... "
+        f"--resume`) and export {run}"
+    )
+    assert not (tmp_path / "e").exists()
+    assert export(str(ck), str(tmp_path / "e"), target=str(target), check_vllm=False) == 0
+    marker = json.loads((tmp_path / "e" / MARKER_FILE).read_text())
+    assert marker["step"] == 4 and marker["source"] == str(ck)
+    assert f"of {ck} (step 4) -> {tmp_path / 'e'}" in capsys.readouterr().out
+
+
+def test_export_under_a_file_names_the_users_path(tmp_path, unfinished):
+    from specdraft.export import export
+
+    run, target = unfinished
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    with pytest.raises(ValueError) as e:
+        export(str(run / "checkpoints" / "step_00000002"), str(f / "e"), target=str(target), check_vllm=False)
+    assert str(e.value) == (
+        f"export: {f / 'e'}: {f} is a file, not a directory: choose a directory path for this export's output"
+    )
+    assert f.read_text() == "mine"
+
+
+# --- 6: --init-from a draft of another target -----------------------------------------------------------------
+
+
+def test_init_from_a_draft_of_another_target_is_refused_before_anything_loads(
+    tmp_path, ds, tiny_llama_dir, unfinished, monkeypatch
+):
+    import specdraft.train.loop as loop
+    from specdraft.model.checkpoint import load_draft_config
+
+    x = run_extract(ds, tmp_path / "x", tiny_llama_dir)
+    ck = unfinished[0] / "checkpoints" / "step_00000004"  # a draft built for another tiny target
+    theirs = json.loads((x / "manifest-00000-of-00001.json").read_text())["target"]
+    dc = load_draft_config(ck)
+    monkeypatch.setattr(loop, "_setup", lambda *a: pytest.fail("data or target loaded before the refusal"))
+    with pytest.raises(ValueError) as e:
+        train(str(x), str(tmp_path / "t"), replace(CFG, init_from=str(ck)))
+    assert str(e.value) == (
+        f"train: --init-from {ck} is a draft for another target (tiny, config hash {dc.target_config_hash}) than "
+        f"the data's ({theirs['name']}, config hash {theirs['config_hash']}): pass --init-from a draft trained "
+        f"for {theirs['name']}, or drop --init-from to start a fresh draft"
+    )
+    assert dc.target_config_hash != theirs["config_hash"]
+
+
+# --- 9: after Ctrl-C or SIGTERM, the command that resumes; bars closed before a message -----------------------
+
+
+def test_a_stopped_train_prints_the_exact_command_that_resumes_it(tmp_path, monkeypatch, capsys):
+    import specdraft.train.loop as loop
+    from specdraft import cli
+    from specdraft.model.checkpoint import STATE_FILE
+
+    out = tmp_path / "my run"
+    argv = ["train", str(tmp_path / "hs"), str(out), "--max-steps", "3", "--lr", "2e-4"]
+    for exc, rc, said in (
+        (KeyboardInterrupt, 130, "interrupted"),
+        (cli.Terminated, 143, "terminated (SIGTERM)"),
+    ):
+
+        def stopped(shards, out_dir, cfg, exc=exc):
+            (out_dir / "checkpoints" / "step_00000002").mkdir(parents=True, exist_ok=True)
+            (out_dir / "checkpoints" / "step_00000002" / STATE_FILE).write_bytes(b"")
+            raise exc
+
+        monkeypatch.setattr(loop, "train_loop", stopped)
+        assert cli.main(argv) == rc
+        assert capsys.readouterr().err == (
+            f"specdraft train: {said}; resume with `specdraft train {tmp_path / 'hs'} '{out}' --max-steps 3 "
+            "--lr 2e-4 --resume`\n"
+        )
+    assert cli.main([*argv, "--resume"]) == 143  # given again with --resume: the same command, once
+    assert capsys.readouterr().err.endswith("--lr 2e-4 --resume`\n")
+
+
+def test_an_error_message_starts_its_own_line_after_a_progress_bar(tmp_path, monkeypatch, capsys):
+    from tqdm import tqdm
+
+    import specdraft.train.loop as loop
+    from specdraft import cli
+
+    def fails(shards, out_dir, cfg):
+        bar = tqdm(total=10, desc="train")
+        bar.update(3)
+        raise ValueError("train: something the user can fix")  # the bar is left open, as a stage leaves it
+
+    monkeypatch.setattr(loop, "train_loop", fails)
+    assert cli.main(["train", str(tmp_path / "hs"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("\rtrain:") and err.endswith(
+        "\nspecdraft train: error: train: something the user can fix\n"
+    )

@@ -40,9 +40,9 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft import __version__
-from specdraft.fileio import DTYPES, tmp_path
-from specdraft.model.checkpoint import load_trained
-from specdraft.model.draft import DraftConfig, Eagle3Draft
+from specdraft.fileio import DTYPES, file_in_the_way, tmp_path
+from specdraft.model.checkpoint import draft_dir, load_trained
+from specdraft.model.draft import CONFIG_FILE, DraftConfig, Eagle3Draft
 
 FORMATS = ("speculators", "eagle3")
 MARKER_FILE = "specdraft_export.json"  # written into every export: what makes a directory replaceable
@@ -452,7 +452,8 @@ def export(
         raise ValueError("export: " + "; ".join(errors))
     out_dir = Path(os.path.abspath(out))  # absolute, symlinks kept: a link is refused, not followed
     check_out_dir(out_dir)  # before any loading: a refused directory costs nothing
-    draft = load_trained(checkpoint, with_embeddings=False)  # never exported: vLLM/SGLang use the target's
+    source, step = exported_draft(checkpoint)
+    draft = load_trained(source, with_embeddings=False)  # never exported: vLLM/SGLang use the target's
     cfg = draft.cfg
     from specdraft.targets import load_text_config, resolve_target_dir
 
@@ -482,18 +483,39 @@ def export(
             "export: refusing to write a checkpoint vLLM/SGLang would reject:\n  - " + "\n  - ".join(problems)
         )
     refusal = "; ".join(eagle3_support_warnings(target_path)) if check_vllm else ""
-    marker = {"kind": "specdraft.export", "format": format, "source": os.path.abspath(checkpoint),
+    marker = {"kind": "specdraft.export", "format": format, "source": os.path.abspath(source), "step": step,
               "target": target_path, "verifier": hub, "verifier_from": hub_from or None,
               "verifier_note": None if hub else local_only_line(target_path),
               "dtype": dtype, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "specdraft_version": __version__, "files": list(_EXPORT_FILES)}  # fmt: skip
     write_export(out_dir, state, config, marker)
-    print(
-        f"export: {format} checkpoint ({sum(t.numel() for t in state.values()) / 1e6:.1f}M params, {dtype}) -> {out_dir}"
-    )
+    n = sum(t.numel() for t in state.values()) / 1e6
+    print(f"export: {format} checkpoint ({n:.1f}M params, {dtype}) of {source} (step {step}) -> {out_dir}")
     for line in _serve_lines(checkpoint, target_path, out_dir, format, k, refusal, hub, hub_from):
         print(line)
     return 0
+
+
+def exported_draft(checkpoint: str) -> tuple[Path, int | None]:
+    """The saved draft `checkpoint` names and the training step it holds (None when unrecorded). A `specdraft
+    train` output without final/ (its training unfinished) is refused, naming its newest checkpoint to pass."""
+    p = Path(checkpoint)
+    d = draft_dir(p)
+    if d is None:
+        load_trained(p)  # its own one-line FileNotFoundError
+    assert d is not None
+    if d.parent.name == "checkpoints" and not (p / CONFIG_FILE).exists():
+        raise ValueError(
+            f"export: {p} has no final/ (its training has not finished; its newest checkpoint is {d}): pass that "
+            f"checkpoint to export it (`specdraft export {d} OUT`), or finish the training "
+            f"(`specdraft train ... --resume`) and export {p}"
+        )
+    try:
+        steps = json.loads((d / CONFIG_FILE).read_text()).get("train", {}).get("steps")
+    except (OSError, ValueError, AttributeError):
+        steps = None
+    m = re.fullmatch(r"step_(\d+)", d.name)
+    return d, int(m[1]) if m else steps
 
 
 def local_only_line(target_path: str) -> str:
@@ -540,6 +562,9 @@ def check_out_dir(out_dir: Path) -> bool:
     fix = "choose a new or empty output directory, or remove it yourself if you mean to replace it"
     if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
         raise ValueError(f"export: {out_dir} exists and is not a directory: {fix}")
+    under_a_file = file_in_the_way(out_dir, "export")
+    if under_a_file is not None:
+        raise ValueError(f"export: {under_a_file}")
     if not out_dir.exists():
         return False
     names = sorted(p.name for p in out_dir.iterdir())

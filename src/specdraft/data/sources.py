@@ -408,7 +408,21 @@ def parse_sources(data: list[str]) -> list[Source]:
     given = [w is not None for _, w in parsed]
     if len(parsed) > 1 and any(given) and not all(given):
         raise ValueError(f"data sources {data}: give every source a weight (PATH:WEIGHT) or none (equal)")
+    _refuse_repeats([p for p, _ in parsed])
     return [Source(p, 1.0 if w is None else w) for p, w in parsed]
+
+
+def _refuse_repeats(paths: list[str]) -> None:
+    """Refuse a source given twice (the same file or directory however spelled, or the same name): its
+    conversations would be taken twice, possibly on both sides of the train/validation split."""
+    seen: dict[str, str] = {}
+    for p in paths:
+        key = str(Path(p).resolve()) if Path(p).exists() else p
+        if key in seen:
+            raise ValueError(f"data source {p} is given twice (also as {seen[key]}): a mixture takes each source "
+                             "once, else its conversations are repeated; give it once, with a larger weight "
+                             "(PATH:WEIGHT) for a larger share")  # fmt: skip
+        seen[key] = p
 
 
 def mix_counts(available: list[int], weights: list[float], max_samples: int | None = None) -> list[int]:
