@@ -37,7 +37,9 @@ EXPECTED = {
         "Greet back.\n</think>\n\nHello!<｜end▁of▁sentence｜>",
         "Need the tool.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
         '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
-        "<think>\nThe tool says sunny.\n</think>\n\nIt is sunny.<｜end▁of▁sentence｜>",  # no prompt after tools
+        # after tool outputs the prompt opens no think block and R1 renders no reasoning: it is left out (never
+        # invented), and the turn is what the template renders
+        "It is sunny.<｜end▁of▁sentence｜>",
     ],
     "kimi_k2_thinking": [
         "<think>Greet back.</think>Hello!<|im_end|>",
@@ -74,7 +76,9 @@ def test_kinds_are_counted_and_reasoning_can_be_left_out(family):
     conv, _ = normalize_record(CHAT)
     full, bare = conversation_samples(tok, conv), conversation_samples(tok, conv, reasoning_loss=False)
     assert [s.input_ids for s in full] == [s.input_ids for s in bare]
-    assert all(s.kinds["reasoning"] > 0 for s in full) and all(s.kinds["reasoning"] == 0 for s in bare)
+    left_out = family == "deepseek_r1"  # the turn after tool outputs: no think block, its reasoning left out
+    assert [s.kinds["reasoning"] > 0 for s in full] == [True, True, not left_out]
+    assert all(s.kinds["reasoning"] == 0 for s in bare)
     assert full[1].kinds["tool_call"] > 0 and full[0].kinds["tool_call"] == 0
     for f, b in zip(full, bare):  # leaving reasoning out removes exactly the reasoning tokens
         assert sum(f.loss_mask) - sum(b.loss_mask) == f.kinds["reasoning"]
@@ -84,10 +88,7 @@ def test_kinds_are_counted_and_reasoning_can_be_left_out(family):
 def test_think_format_is_learned_from_the_template():
     assert think_format(standin_tokenizer("hybrid_thinking"), {}) == ("<think>\n", "\n</think>\n\n")
     assert think_format(standin_tokenizer("kimi_k2_thinking"), {}) == ("<think>", "</think>")
-    assert think_format(standin_tokenizer("deepseek_r1"), {}) == (
-        "<think>\n",
-        "\n</think>\n\n",
-    )  # the default
+    assert think_format(standin_tokenizer("deepseek_r1"), {}) is None  # R1 renders no reasoning: no default
 
 
 def test_hybrid_thinking_off_answers_after_the_empty_think_block():
@@ -95,7 +96,8 @@ def test_hybrid_thinking_off_answers_after_the_empty_think_block():
     conv, _ = normalize_record(
         {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
     )
-    before, done = turn_text(tok, conv, 1, {"enable_thinking": False})
+    turn = turn_text(tok, conv, 1, {"enable_thinking": False})
+    before, done = turn.before, turn.text
     assert before.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and done.startswith("Hello!")
 
 

@@ -9,7 +9,13 @@ What a record may hold, and what each becomes (every record dropped keeps a reas
   as a JSON string are parsed into an object (a template renders them with `tojson`); arguments that are
   not JSON drop the record. A `tool` turn (its `content` the result, `tool_call_id`/`name`) must follow
   an assistant turn with tool calls or another tool result. Conversation-level `tools` (OpenAI function
-  definitions, a list or a JSON string of one) reach the template.
+  definitions, a list or a JSON string of one) reach the template. The arguments as the data gave them (its
+  JSON string, or the object's JSON) are kept aside (`Conversation.arguments_text`) for a template that
+  concatenates them as a string.
+- Hermes-style inline calls: an assistant turn whose text holds `<tool_call>{"name", "arguments"}</tool_call>`
+  blocks (after any text of its own) becomes that text plus those tool calls; a `tool` turn (or a `human` one
+  right after such calls) wrapped in `<tool_response>...</tool_response>` becomes a tool result. Glaive's
+  `<functioncall>` text is refused, naming the format (convert it to tool calls first).
 - ShareGPT function calling: a `function_call` turn (`value` = JSON `{"name", "arguments"}`) becomes an
   assistant tool call (merged into the assistant turn just before it when that turn has no calls yet),
   an `observation` turn a tool result.
@@ -17,7 +23,8 @@ What a record may hold, and what each becomes (every record dropped keeps a reas
   (`<think>...</think>`). The rule when both are present: the record is dropped ("reasoning given twice"),
   since no rule can tell which one the target produced. Normalised, reasoning always travels as the
   message's `reasoning_content` field (the name vLLM's reasoning parsers and the hybrid-thinking templates
-  use) and the content holds no `<think>` block.
+  use) and the content holds no `<think>` block; the content as given is kept aside
+  (`Conversation.inline_reasoning`) for a template that renders no reasoning (there it stays in the content).
 
 A conversation whose first turn (after any system prompt) is not from the user keeps the rest from its
 first user turn on, as SpecForge does; the repair is counted.
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _ROLE_MAP = {
     "human": "user",
@@ -48,6 +55,9 @@ _ROLE_MAP = {
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 LEADING_DROPPED = "leading non-user turn dropped"  # a repair: the conversation is kept without them
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
+_HERMES_CALL = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.S)
+_HERMES_RESULT = re.compile(r"\s*<tool_response>\s*(.*?)\s*</tool_response>\s*", re.S)
+_ASIDE = ("_inline", "_arguments_text")  # kept aside while normalising, then moved into the Conversation
 _MEDIA = {"image": "image part", "image_url": "image part", "input_image": "image part", "audio": "audio part",
           "input_audio": "audio part", "audio_url": "audio part", "video": "video part", "video_url": "video part",
           "file": "file part"}  # fmt: skip
@@ -63,6 +73,8 @@ class Conversation:
 
     messages: list[dict]
     tools: list[dict] | None = None
+    inline_reasoning: dict[int, str] = field(default_factory=dict)  # message -> its content as given
+    arguments_text: dict[tuple[int, int], str] = field(default_factory=dict)  # (message, call) -> as given
 
     @property
     def has_reasoning(self) -> bool:
@@ -81,13 +93,16 @@ def normalize_record(record, repairs: list[str] | None = None) -> tuple[Conversa
     if not isinstance(turns, list) or not turns:
         return None, "no messages/conversations list"
     try:
-        msgs = _merge_function_calls([_message(t) for t in turns])
+        msgs = _hermes_results(_merge_function_calls([_message(t) for t in turns]))
         msgs = _with_system(record, msgs)
         tools = _tools(record.get("tools", record.get("functions")))
         msgs = _check_order(msgs, repairs)
     except Dropped as e:
         return None, str(e)
-    return Conversation(msgs, tools), None
+    inline = {i: m.pop("_inline") for i, m in enumerate(msgs) if "_inline" in m}
+    texts = {(i, j): c.pop("_arguments_text") for i, m in enumerate(msgs)
+             for j, c in enumerate(m.get("tool_calls") or []) if "_arguments_text" in c}  # fmt: skip
+    return Conversation(msgs, tools, inline, texts), None
 
 
 def _message(turn) -> dict:
@@ -111,6 +126,12 @@ def _message(turn) -> dict:
         calls = turn.get("tool_calls") or (
             [{"function": turn["function_call"]}] if turn.get("function_call") else []
         )
+        if "<functioncall>" in msg["content"]:
+            raise Dropped("Glaive-style inline <functioncall> text (not read: convert it to tool_calls)")
+        if "<tool_call>" in msg["content"]:
+            if calls:
+                raise Dropped("tool calls given twice (tool_calls and inline Hermes <tool_call> text)")
+            msg["content"], calls = _hermes_calls(msg["content"])
         if calls:
             if not isinstance(calls, list):
                 raise Dropped("tool_calls is not a list")
@@ -122,6 +143,26 @@ def _message(turn) -> dict:
     if not msg["content"].strip() and not msg.get("tool_calls") and not msg.get("reasoning_content"):
         raise Dropped("empty content")
     return msg
+
+
+def _hermes_calls(text: str) -> tuple[str, list[dict]]:
+    """(the text before the calls, the calls) of an assistant turn in the Hermes format: `<tool_call>` blocks
+    of JSON `{"name", "arguments"}` after the turn's own text, nothing but whitespace between or after them."""
+    first = text.index("<tool_call>")
+    calls, at = [], first
+    while at < len(text):
+        m = _HERMES_CALL.match(text, at)
+        if not m:
+            raise Dropped("Hermes-style inline <tool_call> text with other text after it or unclosed")
+        try:
+            call = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            raise Dropped("Hermes-style inline <tool_call> that is not JSON") from None
+        if not isinstance(call, dict):
+            raise Dropped("Hermes-style inline <tool_call> that is not a JSON object")
+        calls.append({"function": {"name": call.get("name"), "arguments": call.get("arguments", {})}})
+        at = m.end()
+    return text[:first].rstrip(), calls
 
 
 def _text(content) -> str:
@@ -164,6 +205,7 @@ def _reasoning(turn: dict, msg: dict) -> None:
         raise Dropped("reasoning given twice")
     if inline:
         fields = [inline.group(1)]
+        msg["_inline"] = msg["content"]
         msg["content"] = msg["content"][inline.end() :]
     if "<think>" in msg["content"] or "</think>" in msg["content"]:
         raise Dropped("think tag inside the content")
@@ -185,13 +227,15 @@ def _tool_call(call, i: int) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise Dropped("tool call without a function name")
-    args = _json(fn.get("arguments", {}))
+    given = fn.get("arguments", {})
+    args = _json(given)
     if not isinstance(args, dict):
         raise Dropped("tool-call arguments are not a JSON object")
     return {
         "type": "function",
         "id": str(call.get("id") or f"call_{i}"),
         "function": {"name": fn["name"], "arguments": args},
+        "_arguments_text": given if isinstance(given, str) else json.dumps(given, ensure_ascii=False),
     }
 
 
@@ -203,6 +247,31 @@ def _merge_function_calls(msgs: list[dict]) -> list[dict]:
         if m["role"] == "assistant" and not m["content"] and m.get("tool_calls") and prev and (
                 prev["role"] == "assistant" and not prev.get("tool_calls")):  # fmt: skip
             prev["tool_calls"] = m["tool_calls"]
+            continue
+        out.append(m)
+    return out
+
+
+def _hermes_results(msgs: list[dict]) -> list[dict]:
+    """Hermes: a tool turn, or a user turn right after tool calls, made of `<tool_response>` blocks is one tool
+    result per block (their text unwrapped)."""
+    out: list[dict] = []
+    for m in msgs:
+        after_calls = bool(out) and (out[-1].get("tool_calls") or out[-1]["role"] == "tool")
+        text = m["content"]
+        if (
+            m["role"] in ("tool", "user")
+            and "<tool_response>" in text
+            and (m["role"] == "tool" or after_calls)
+        ):
+            blocks, at = [], 0
+            while at < len(text) and (b := _HERMES_RESULT.match(text, at)):
+                blocks.append(b.group(1))
+                at = b.end()
+            if at < len(text) or not blocks:
+                raise Dropped("Hermes-style <tool_response> turn with other text in it")
+            out += [{**{k: v for k, v in m.items() if k != "content"}, "role": "tool", "content": r}
+                    for r in blocks]  # fmt: skip
             continue
         out.append(m)
     return out

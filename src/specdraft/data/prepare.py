@@ -42,6 +42,8 @@ from specdraft import __version__
 from specdraft.data.messages import LEADING_DROPPED, Conversation, Dropped, normalize_record
 from specdraft.data.render import (
     KINDS,
+    REASONING_FORMATS,
+    REASONING_LEFT_OUT,
     Sample,
     choose_template,
     conversation_samples,
@@ -111,6 +113,8 @@ class _Options:
     max_length: int
     reasoning_loss: bool
     text: bool
+    reasoning_format: str = ""
+    template: str = "the chat template"
 
 
 @dataclass
@@ -147,6 +151,7 @@ def prepare(
     split: str = "train",
     columns: str = "",
     seed: int = 0,
+    reasoning_format: str = "",
 ) -> Path:
     """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
 
@@ -170,6 +175,9 @@ def prepare(
         split: the split of a datasets directory, a parquet directory or a hub dataset.
         columns: map our fields to the dataset's columns, e.g. `messages=conversation,tools=functions`.
         seed: the seed of a mixture's draw and order.
+        reasoning_format: with a chat template that renders no reasoning (and opens no think block), reasoning
+            given as a field is left out (counted, said); `think` puts it in the content instead, as
+            `<think>\n...\n</think>\n\n` before the answer. Templates that render reasoning ignore it.
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 
@@ -179,7 +187,13 @@ def prepare(
     kwargs = choose_template(tok, chat_template, chat_template_kwargs)
     if not text:
         check_chat_template(tok, target)
-    opts = _Options(tok, kwargs, max_length, reasoning_loss, text)
+    if reasoning_format and reasoning_format not in REASONING_FORMATS:
+        raise ValueError(
+            f"--reasoning-format {reasoning_format!r}: choose one of {sorted(REASONING_FORMATS)}"
+        )
+    where = (f"--chat-template {Path(chat_template).name}" if chat_template and "{" not in chat_template
+             else "the --chat-template given" if chat_template else f"the chat template of {target}")  # fmt: skip
+    opts = _Options(tok, kwargs, max_length, reasoning_loss, text, reasoning_format, where)
     t0 = time.time()
     limit = max_samples if len(sources) == 1 else 0
     reads = [_read_source(i, s, opts, split, cols, limit) for i, s in enumerate(sources)]
@@ -207,6 +221,7 @@ def prepare(
         "mode": "text" if text else "chat",
         **template_identity(tok, kwargs),
         "reasoning_loss": reasoning_loss,
+        "reasoning_format": reasoning_format,
         "max_length": max_length,
         "num_conversations": len(convs),
         "num_samples": table.num_rows,
@@ -240,7 +255,7 @@ def _read_source(index: int, src: Source, opts: _Options, split: str, columns: d
             continue
         if cut:
             got.truncated.append(rec)
-        for what in repairs:
+        for what in dict.fromkeys(repairs):  # each repair once per record
             got.report.repair(what, rec)
         got.convs.append(_Conv(index, rec, samples))
         bar.update(1)
@@ -260,7 +275,8 @@ def _samples_of(raw, opts: _Options, repairs: list[str]) -> list[Sample]:
     conv, reason = normalize_record(raw, repairs)
     if reason:
         raise Dropped(reason)
-    return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss)
+    return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss, opts.reasoning_format,
+                                opts.template, repairs)  # fmt: skip
 
 
 def _truncated(s: Sample, n: int) -> Sample:
@@ -342,6 +358,10 @@ def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length
             )
         if r.report.repaired:
             print(f"prepare: kept after repair: {_describe(r.report.repaired)}")
+        if REASONING_LEFT_OUT in r.report.repaired:
+            print(f"prepare: the chat template renders no reasoning, so the reasoning field of "
+                  f"{len(r.report.repaired[REASONING_LEFT_OUT])} conversations was left out of their samples; "
+                  "--reasoning-format think trains it in the content, in a <think> block before the answer")  # fmt: skip
 
 
 def content_hash(data_file: Path, counts_file: Path) -> str:

@@ -1,18 +1,39 @@
-"""A conversation rendered by the chat template into samples: token ids and the loss mask.
+"""A conversation rendered by the chat template into samples (token ids, loss mask), each checked against it.
 
-The loss mask covers what the target generates when serving: each assistant turn's reasoning, content and
-tool calls, with its end-of-turn token; never tool results, user or system text. Assistant turn i spans the
-characters between the rendering of messages[:i] with the generation prompt (`before`) and the rendering of
-messages[:i+1] (`upto`), trailing whitespace after the end-of-turn marker excluded.
+A sample is the text the target sees and writes when serving, nothing else. For assistant turn i, `before` is
+the template's rendering of messages[:i] with the generation prompt (the prompt the serving engine renders and
+tokenizes) and the turn is the text the target writes after it, found by string positions in the template's
+renderings, never where token sequences diverge:
+- when the rendering of messages[:i+1] (`upto`) extends `before`, the turn is the rest of it (whitespace
+  after the end-of-turn marker excluded);
+- else the generation prompt is `before` past the history (messages[:i] rendered without it); the turn is
+  `upto` past the history (or, when the template re-renders earlier turns once this one follows, as Kimi-K2
+  does for a final answer, past the last occurrence of the prompt's header) and must start with that prompt.
+  A prompt tail the turn's rendering lacks is accepted only when it opens a think block (DeepSeek-R1's
+  convention); any other means no prompt leads to the turn (thinking switched off, reasoning in the data):
+  the conversation is dropped.
 
-Each turn in the context the target saw when it generated it: when every `upto` is a prefix of the whole
-conversation's rendering, the template is stable and the conversation is one sample (tokenized whole,
-spans mapped through the fast tokenizer's offsets). When the template renders a turn differently once later
-turns follow (hybrid-thinking templates drop the reasoning of earlier turns), every assistant turn becomes
-its own sample: the tokens of the prompt the template builds to generate it (`before`, tokenized alone, as
-the serving engine does), then that turn's tokens, scored alone. A turn whose rendering does not start with
-its own generation prompt (e.g. reasoning in the data, thinking switched off in the template kwargs) cannot
-be placed in any context the target saw: the conversation is dropped with that reason.
+Reasoning, never in a form the template does not give: rendered by the template (the turn shows it); else,
+when the prompt opens a think block, the reasoning then the closing tag (the template's own, else R1's
+`\n</think>\n\n`); else, when the turn's rendering holds an empty think block and the template shows reasoning
+elsewhere (Kimi-K2's final answer), the reasoning inside the block as the template wraps it (`think_format`).
+A template that renders no reasoning and opens no think block (Llama-3.1-like, ChatML) keeps inline reasoning
+in the content as given, and leaves reasoning given as a field out, said in `notes` (`reasoning_format="think"`
+puts it in the content as `<think>\n...\n</think>\n\n` instead). Tool calls the template does not render drop
+the conversation with a reason naming the template. A template error drops the conversation with the template's
+message; a template that cannot take tool-call arguments as objects gets them as the data gave them (text).
+
+Samples: when every turn is the template's own rendering and every `before` + turn is a prefix of the whole
+conversation's rendering (a stable template), the conversation is one sample: that rendering tokenized once,
+each turn's span mapped through the fast tokenizer's offsets. The straddle rule: a token belongs to the span
+of its first character, so a token that starts before a turn and ends inside it is not scored, and one that
+starts inside a turn and ends past it is. Otherwise one sample per assistant turn: `before` tokenized alone
+(as the serving engine tokenizes the prompt) followed by the turn's text tokenized alone, that part scored.
+
+The self-check (`_check_turn`, `_check_whole`): before a sample is kept it is decoded and compared, as text,
+with the template's renderings: the prompt part with `before` (or the whole sample with the conversation's
+rendering), the scored part with the turn's text, and that text with the template's rendering of the turn
+(`upto`). A mismatch drops the conversation with a reason that starts "self-check".
 
 Kinds, for the manifest's counts and `--no-reasoning-loss`: within a turn, `reasoning` runs from the turn's
 start through its reasoning text and the closing think tag; `tool_call` from the end of the content (or of
@@ -23,14 +44,27 @@ token counts with the turn's last part.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdraft.data.messages import Conversation, Dropped
 from specdraft.targets import CHAT_TEMPLATE_FIX, has_chat_template
 
 KINDS = ("reasoning", "content", "tool_call")
+REASONING_FORMATS = {"think": ("<think>\n", "\n</think>\n\n")}  # reasoning_format -> (open, close) in content
+R1_CLOSE = (
+    "\n</think>\n\n"  # after a prompt that opens a think block, when the template shows no close of its own
+)
+REASONING_LEFT_OUT = ("reasoning field left out: the chat template renders no reasoning (reasoning_format "
+                      "think puts it in the content as <think>...</think>)")  # fmt: skip
+REASONING_LEFT_OUT_HERE = "reasoning field left out of a turn whose prompt the template gives no think block"
+NO_PROMPT = ("no prompt leads to this turn: the template renders it unlike the generation prompt it builds for "
+             "it (thinking switched off with reasoning in the data? check --chat-template-kwargs)")  # fmt: skip
+NO_TEXT = ("the template renders an assistant turn unlike its own generation prompt, or no text for it "
+           "(check --chat-template-kwargs, e.g. enable_thinking, against the data)")  # fmt: skip
 _CLOSE_THINK = re.compile(r"\s*</think>\s*")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+_OPEN_THINK = re.compile(r"\s*<think>")
+_OPENS_THINK = re.compile(r"<think>\s*$")
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 
 
@@ -43,120 +77,266 @@ class Sample:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class Turn:
+    """An assistant turn as the target writes it: `text` after the prompt `before`; `verbatim`, the end of
+    `text` taken unchanged from `upto` (the template's rendering up to this turn); `rendered`: `text` is all
+    verbatim and `before + text` is `upto`."""
+
+    before: str
+    text: str
+    upto: str
+    verbatim: str
+    rendered: bool
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a template does with reasoning, learned from probe renderings: `think`, (open, close) around the
+    reasoning of a turn it renders it for (None: it renders none); `opens_think`, its generation prompt
+    ends with an open think block."""
+
+    think: tuple[str, str] | None
+    opens_think: bool
+
+
 def has_generation_markers(tokenizer) -> bool:
     tpl = getattr(tokenizer, "chat_template", None) or ""
     return "{% generation %}" in tpl or "{%- generation %}" in tpl
 
 
 def render(tokenizer, conv: Conversation, n: int, generation_prompt: bool, kwargs: dict) -> str:
-    """The template's text for the first `n` messages (with the tools and template kwargs)."""
-    return tokenizer.apply_chat_template(conv.messages[:n], tools=conv.tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **kwargs)  # fmt: skip
+    """The template's text for the first `n` messages (with the tools and template kwargs); an error the
+    template raises becomes `Dropped` with its message."""
+    try:
+        return tokenizer.apply_chat_template(conv.messages[:n], tools=conv.tools, tokenize=False,
+                                             add_generation_prompt=generation_prompt, **kwargs)  # fmt: skip
+    except Exception as e:  # anything a template raises is about this conversation: drop it, say why
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Dropped(f"chat template error: {msg}") from e
 
 
-def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = None,
-                         reasoning_loss: bool = True) -> list[Sample]:  # fmt: skip
-    """The samples of one conversation (one when the template is stable, else one per assistant turn).
+def decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    Raises `Dropped` (with the reason) for a conversation no sample can be made of."""
+
+def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = None, reasoning_loss: bool = True,
+                         reasoning_format: str = "", template: str = "the chat template",
+                         notes: list[str] | None = None) -> list[Sample]:  # fmt: skip
+    """The samples of one conversation (one when the template is stable, else one per assistant turn), each
+    checked against the template's rendering. `template` names the template in reasons; `notes` gets what was
+    left out to follow the template (reasoning it renders none of).
+
+    Raises `Dropped` (with the reason) for a conversation no true sample can be made of."""
     kwargs = kwargs or {}
+    conv = _takes_arguments(tokenizer, conv, kwargs)
+    traits = template_traits(tokenizer, kwargs)
+    conv, left_out = _reasoning_as_the_template_shows_it(conv, traits, reasoning_format)
+    said = [REASONING_LEFT_OUT] * left_out
     if has_generation_markers(tokenizer) and not conv.tools and not conv.has_reasoning:
         out = tokenizer.apply_chat_template(conv.messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True, **kwargs)  # fmt: skip
-        mask = [int(x) for x in out["assistant_masks"]]
-        return [Sample(list(out["input_ids"]), mask, {"content": sum(mask)})]
-    turns = [(i, *turn_text(tokenizer, conv, i, kwargs)) for i, m in enumerate(conv.messages)
+        ids, mask = list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
+        if decode(tokenizer, ids) != render(tokenizer, conv, len(conv.messages), False, kwargs):
+            raise Dropped("self-check: the sample does not decode to the template's rendering")
+        return _noted(notes, said, [Sample(ids, mask, {"content": sum(mask)})])
+    turns = [(i, turn_text(tokenizer, conv, i, kwargs, traits, template)) for i, m in enumerate(conv.messages)
              if m["role"] == "assistant"]  # fmt: skip
+    said += [n for _, t in turns for n in t.notes]
     full = render(tokenizer, conv, len(conv.messages), False, kwargs)
-    if all(full.startswith(before + done) for _, before, done in turns):  # stable: one sample
-        spans = [_turn_kinds(conv.messages[i], full, len(before), len(before + done.rstrip()))
-                 for i, before, done in turns]  # fmt: skip
-        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        return [_sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)]
-    out = []
-    for i, before, done in turns:  # each turn after the prompt the template builds for it, scored alone
-        done = done.rstrip()
-        head = tokenizer(before, add_special_tokens=False)["input_ids"]
-        tail = tokenizer(done, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = [(0, 0)] * len(head) + [
-            (s + len(before), e + len(before)) for s, e in tail["offset_mapping"]
+    if all(t.rendered and full.startswith(t.upto) for _, t in turns):  # stable: one sample
+        spans = [
+            _turn_kinds(conv.messages[i], full, len(t.before), len(t.before) + len(t.text)) for i, t in turns
         ]
-        spans = [_turn_kinds(conv.messages[i], before + done, len(before), len(before) + len(done))]
-        out.append(_sample(list(head) + list(tail["input_ids"]), offsets, spans, reasoning_loss))
-    return out
+        enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        sample = _sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)
+        _check_whole(tokenizer, full, sample, enc["offset_mapping"], [(s[0][0], s[-1][1]) for s in spans])
+        return _noted(notes, said, [sample])
+    out = []
+    for i, t in turns:  # each turn after the prompt the template builds for it, tokenized alone, scored alone
+        head = tokenizer(t.before, add_special_tokens=False)["input_ids"]
+        tail = tokenizer(t.text, add_special_tokens=False, return_offsets_mapping=True)
+        n = len(t.before)
+        offsets = [(0, 0)] * len(head) + [(s + n, e + n) for s, e in tail["offset_mapping"]]
+        spans = [_turn_kinds(conv.messages[i], t.before + t.text, n, n + len(t.text))]
+        sample = _sample(list(head) + list(tail["input_ids"]), offsets, spans, reasoning_loss)
+        _check_turn(tokenizer, t, sample, len(head))
+        out.append(sample)
+    return _noted(notes, said, out)
 
 
-def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict) -> tuple[str, str]:
-    """(prompt, completion): the prompt the template builds to generate assistant turn `i`, and the text
-    the target generates after it (reasoning, content, tool calls, end-of-turn marker).
+def _noted(notes: list[str] | None, said: list[str], samples: list[Sample]) -> list[Sample]:
+    if notes is not None:
+        notes.extend(said)
+    return samples
 
-    The completion is the template's own rendering of the turn past its prompt when that rendering extends
-    the prompt and shows the turn's reasoning. Templates that hide the reasoning of the turn itself
-    (DeepSeek-R1 renders none; Kimi-K2-thinking none up to the last final answer) or whose prompt opens a
-    think block the turn's rendering lacks get the completion built from parts: the template's rendering of
-    the turn without its reasoning (past the header it shares with the prompt, any empty think block
-    removed), behind the reasoning wrapped as the template wraps it (`think_format`)."""
+
+def _takes_arguments(tokenizer, conv: Conversation, kwargs: dict) -> Conversation:
+    """`conv`, or, when the template fails on tool-call arguments given as objects and renders them given as
+    text, `conv` with each call's arguments as the data gave them (R1's template concatenates strings)."""
+    try:
+        render(tokenizer, conv, len(conv.messages), False, kwargs)
+        return conv
+    except Dropped as first:
+        if not conv.has_tool_calls:
+            raise
+        msgs = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": conv.arguments_text.get(
+                    (i, j), c["function"]["arguments"])}} for j, c in enumerate(m["tool_calls"])]}
+                if m.get("tool_calls") else m for i, m in enumerate(conv.messages)]  # fmt: skip
+        as_text = replace(conv, messages=msgs)
+        try:
+            render(tokenizer, as_text, len(msgs), False, kwargs)
+        except Dropped:
+            raise first from None
+        return as_text
+
+
+def _reasoning_as_the_template_shows_it(
+    conv: Conversation, traits: Traits, fmt: str
+) -> tuple[Conversation, int]:
+    """`conv` unchanged for a template that gives reasoning a form (renders it, or its prompt opens a think
+    block); else with inline reasoning back in the content as given, reasoning fields in the content in the
+    named `fmt`, or left out: (conversation, how many turns' reasoning was left out)."""
+    if traits.think or traits.opens_think or not conv.has_reasoning:
+        return conv, 0
+    if fmt and fmt not in REASONING_FORMATS:
+        raise ValueError(f"reasoning format {fmt!r}: choose one of {sorted(REASONING_FORMATS)}")
+    msgs, left_out = [], 0
+    for i, m in enumerate(conv.messages):
+        reasoning = m.get("reasoning_content")
+        if reasoning:
+            m = {k: v for k, v in m.items() if k != "reasoning_content"}
+            if i in conv.inline_reasoning:
+                m["content"] = conv.inline_reasoning[i]
+            elif fmt:
+                open_, close = REASONING_FORMATS[fmt]
+                m["content"] = open_ + reasoning + close + m["content"]
+            else:
+                left_out += 1
+        msgs.append(m)
+    return replace(conv, messages=msgs, inline_reasoning={}), left_out
+
+
+def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Traits | None = None,
+              template: str = "the chat template") -> Turn:  # fmt: skip
+    """Assistant turn `i` as the target writes it after the prompt the template builds for it (see the module
+    docstring); raises `Dropped` when no prompt leads to it or the template cannot render its tool calls."""
+    traits = traits or template_traits(tokenizer, kwargs)
     msg = conv.messages[i]
     reasoning = (msg.get("reasoning_content") or "").strip()
     before, upto = render(tokenizer, conv, i, True, kwargs), render(tokenizer, conv, i + 1, False, kwargs)
-    if upto.startswith(before) and len(upto.rstrip()) > len(before) and reasoning in upto[len(before) :]:
-        return before, upto[len(before) :]
-    bare_msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
-    plain = render(tokenizer, Conversation(conv.messages[:i] + [bare_msg], conv.tools), i + 1, False, kwargs)
-    gen_tail, body = _split_turn(tokenizer, before, plain)
-    alone = Conversation(
-        [{"role": "user", "content": "Q"}, bare_msg], conv.tools
-    )  # the turn in a minimal context
-    gen_alone, body_alone = _split_turn(tokenizer, render(tokenizer, alone, 1, True, kwargs),
-                                        render(tokenizer, alone, 2, False, kwargs))  # fmt: skip
-    if gen_tail not in ("", gen_alone):  # the template re-rendered earlier turns: take the turn from `alone`
-        gen_tail, body = (gen_alone if before.endswith(gen_alone) else ""), body_alone
-    if not body.strip():
-        raise Dropped("the template renders an assistant turn unlike its own generation prompt "
-                      "(check --chat-template-kwargs, e.g. enable_thinking, against the data)")  # fmt: skip
-    open_, close = think_format(tokenizer, kwargs)
-    if reasoning:
-        head = open_[len(gen_tail) :] if open_.startswith(gen_tail) else open_
-        return before, head + reasoning + close + body
-    return before, (close.lstrip(" ") if "<think>" in gen_tail else "") + body
+    if upto.startswith(before):
+        raw, extra = upto[len(before) :], ""
+    else:
+        raw, extra = _turn_after_history(tokenizer, conv, i, kwargs, before, upto)
+    text = raw.rstrip()
+    if not text.strip():
+        raise Dropped(NO_TEXT)
+    for call in msg.get("tool_calls") or []:
+        if call["function"]["name"] not in text:
+            raise Dropped(f"{template} renders no tool calls: a turn that calls tools cannot be trained as the "
+                          "target writes it")  # fmt: skip
+    verbatim, notes = text, []
+    if extra:  # the prompt opened a think block: the turn goes on inside it
+        empty = _EMPTY_THINK.match(text)
+        opened = _OPEN_THINK.match(text)
+        if empty:
+            text = verbatim = text[empty.end() :]
+        elif opened and reasoning and reasoning in text:
+            text = verbatim = text[opened.end() :].removeprefix(extra[len(extra.rstrip()) :])
+        if not (reasoning and reasoning in text):
+            text = reasoning + (traits.think[1] if traits.think else R1_CLOSE) + text
+    elif reasoning and reasoning not in text:
+        empty = _EMPTY_THINK.match(text)
+        if empty and traits.think:  # an empty think block where the template shows reasoning elsewhere
+            verbatim = text[empty.end() :]
+            text = traits.think[0] + reasoning + traits.think[1] + verbatim
+        else:
+            notes.append(REASONING_LEFT_OUT_HERE)
+    return Turn(before, text, upto, verbatim, text == raw.rstrip() and not extra, notes)
 
 
-def think_format(tokenizer, kwargs: dict) -> tuple[str, str]:
-    """(open, close): how the template wraps a turn's reasoning, learned from two probe renderings (a final
-    answer, then a tool-calling turn, as the last turn); `<think>\\n`, `\\n</think>\\n\\n` when neither shows it."""
+def _turn_after_history(tokenizer, conv: Conversation, i: int, kwargs: dict, before: str, upto: str):
+    """(the turn's rendering past the generation prompt, the prompt's think opening the turn lacks or '') for a
+    turn whose rendering does not extend its prompt."""
+    history = render(tokenizer, conv, i, False, kwargs)
+    if not before.startswith(history):
+        raise Dropped("the template's generation prompt does not extend its rendering of the conversation")
+    gen = before[len(history) :]
+    opens = _OPENS_THINK.search(gen)
+    header, extra = (gen[: opens.start()], gen[opens.start() :]) if opens else (gen, "")
+    if upto.startswith(history):
+        at = len(history)
+    else:  # the template re-rendered earlier turns once this one follows: the turn is after the last header
+        at = upto.rfind(header) if header else -1
+    if at < 0 or not upto.startswith(header, at):
+        raise Dropped(NO_PROMPT)
+    return upto[at + len(header) :], extra
+
+
+def template_traits(tokenizer, kwargs: dict) -> Traits:
+    """The template's `Traits`, from probe renderings (cached per template and kwargs)."""
     key = (getattr(tokenizer, "chat_template", None), repr(sorted(kwargs.items())))
-    cache = tokenizer.__dict__.setdefault("_specdraft_think_format", {})
+    cache = tokenizer.__dict__.setdefault("_specdraft_traits", {})
     if key not in cache:
-        cache[key] = _probe_think(tokenizer, kwargs) or ("<think>\n", "\n</think>\n\n")
+        cache[key] = _probe(tokenizer, kwargs)
     return cache[key]
 
 
-def _probe_think(tokenizer, kwargs: dict) -> tuple[str, str] | None:
+def think_format(tokenizer, kwargs: dict) -> tuple[str, str] | None:
+    """(open, close): how the template wraps the reasoning of a turn it renders it for; None when it renders
+    none (learned from a final answer, then a tool-calling turn, as the last turn)."""
+    return template_traits(tokenizer, kwargs).think
+
+
+def _probe(tokenizer, kwargs: dict) -> Traits:
     user = {"role": "user", "content": "Q"}
     call = {"type": "function", "id": "call_0", "function": {"name": "f", "arguments": {}}}
+    opens, think = False, None
     for turn in ({"content": "ANSWER"}, {"content": "", "tool_calls": [call]}):
         conv = Conversation([user, {"role": "assistant", "reasoning_content": _PROBE, **turn}])
         try:
             prompt, text = render(tokenizer, conv, 1, True, kwargs), render(tokenizer, conv, 2, False, kwargs)
-        except Exception:  # a template that refuses the probe teaches nothing
+        except Dropped:  # a template that refuses the probe teaches nothing
             continue
+        opens = opens or bool(_OPENS_THINK.search(prompt))
         at = text.find(_PROBE)
+        open_ = _OPENS_THINK.search(text, 0, at) if at >= 0 else None
         close = _CLOSE_THINK.match(text, at + len(_PROBE)) if at >= 0 else None
-        if close:
-            return _split_turn(tokenizer, prompt, text[:at])[1] or "", close.group(0)
-    return None
+        if think is None and open_ and close:
+            think = (open_.group(0), close.group(0))
+    return Traits(think, opens)
 
 
-def _split_turn(tokenizer, prompt: str, rendered: str) -> tuple[str, str]:
-    """(the prompt's tail, the turn) past the tokens a generation prompt and a rendering with the turn share;
-    an empty think block at the turn's start is dropped (the reasoning goes back in by `think_format`)."""
-    a = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-    b = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    n = 0
-    while n < min(len(a["input_ids"]), len(b)) and a["input_ids"][n] == b[n]:
-        n += 1
-    cut = a["offset_mapping"][n - 1][1] if n else 0
-    return prompt[cut:], _EMPTY_THINK.sub("", rendered[cut:], count=1)
+def _check_turn(tokenizer, t: Turn, sample: Sample, n_prompt: int) -> None:
+    """The self-check of a per-turn sample: its prompt decodes to `before`, its scored part to the turn's text,
+    and that text ends with the template's own rendering of the turn (all of it when `rendered`)."""
+    if decode(tokenizer, sample.input_ids[:n_prompt]) != t.before:
+        raise Dropped("self-check: the prompt's tokens do not decode to the template's prompt")
+    if decode(tokenizer, sample.input_ids[n_prompt:]) != t.text:
+        raise Dropped("self-check: the turn's tokens do not decode to the turn as the template renders it")
+    if not (t.text.endswith(t.verbatim) and t.upto.rstrip().endswith(t.verbatim)) or (
+        t.rendered and t.before + t.text != t.upto.rstrip()
+    ):
+        raise Dropped("self-check: the turn's text is not the template's rendering of it")
+
+
+def _check_whole(tokenizer, full: str, sample: Sample, offsets, turns: list[tuple[int, int]]) -> None:
+    """The self-check of a one-sample conversation: it decodes to the template's rendering, and the tokens of
+    each turn (by the straddle rule) decode to the rendering's text under them, from the turn's first token
+    (the one holding the turn's first character) through the one holding its last."""
+    if decode(tokenizer, sample.input_ids) != full:
+        raise Dropped("self-check: the sample does not decode to the template's rendering")
+    for a, b in turns:
+        idx = [k for k, (s, e) in enumerate(offsets) if a <= s < b and e > s]
+        if not idx:
+            continue
+        x, y = offsets[idx[0]][0], offsets[idx[-1]][1]
+        first = next((k for k, (s, e) in enumerate(offsets) if s <= a < e), idx[0])
+        ok = idx == list(range(idx[0], idx[-1] + 1)) and y >= b and (first == idx[0] or first == idx[0] - 1)
+        if not ok or decode(tokenizer, sample.input_ids[idx[0] : idx[-1] + 1]) != full[x:y]:
+            raise Dropped("self-check: a turn's tokens do not decode to the turn as the template renders it")
 
 
 def text_sample(tokenizer, text: str) -> Sample:
@@ -209,7 +389,8 @@ def _sample(ids: list[int], offsets, spans: list[list[tuple[int, int, str]]], re
 
 def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: str = "") -> dict:
     """Apply `--chat-template` (a file, or the Jinja text itself) to `tokenizer` and parse
-    `--chat-template-kwargs` (a JSON object); returns the kwargs. Raises with the fix on bad values."""
+    `--chat-template-kwargs` (a JSON object); returns the kwargs. Raises with the fix on bad values, and in one
+    line for a template (given or the tokenizer's own) that does not compile, before any record is read."""
     import json
     from pathlib import Path
 
@@ -221,6 +402,8 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
                 f"--chat-template {chat_template}: no such file (pass a file or the Jinja text)"
             )
         tokenizer.chat_template = p.read_text() if looks_like_path else chat_template
+    _compiles(tokenizer, f"--chat-template {chat_template}" if chat_template and "\n" not in chat_template else
+              "--chat-template" if chat_template else "the tokenizer's chat template")  # fmt: skip
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
     except json.JSONDecodeError as e:
@@ -230,6 +413,21 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
     if not isinstance(kwargs, dict):
         raise ValueError(f"--chat-template-kwargs must be a JSON object, not {chat_template_kwargs!r}")
     return kwargs
+
+
+def _compiles(tokenizer, what: str) -> None:
+    """Refuse in one line a chat template that Jinja cannot compile (with the error and its line)."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    tpl = getattr(tokenizer, "chat_template", None)
+    if not isinstance(tpl, str) or not tpl:
+        return
+    try:
+        _compile_jinja_template(tpl)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{what} does not compile: {e.message} (template line {e.lineno}); fix the template "
+                         "or pass another with --chat-template") from None  # fmt: skip
 
 
 def require_chat_template(tokenizer, target: str, also: str = "") -> None:
@@ -242,9 +440,13 @@ def require_chat_template(tokenizer, target: str, also: str = "") -> None:
 
 
 def template_identity(tokenizer, kwargs: dict) -> dict:
-    """What a later stage must render with to see what this data saw: the template's hash and the kwargs."""
+    """What a later stage must render with to see what this data saw: the template's hash and the kwargs.
+
+    One template, one identity: the hash is of the text Jinja renders from, so one trailing newline (which Jinja
+    drops; a file usually ends with one, the same template given inline does not) does not change it."""
     import hashlib
 
     tpl = getattr(tokenizer, "chat_template", None) or ""
+    tpl = tpl[:-1] if isinstance(tpl, str) and tpl.endswith("\n") else tpl
     return {"chat_template_sha256": hashlib.sha256(tpl.encode()).hexdigest()[:16] if tpl else None,
             "chat_template_kwargs": kwargs}  # fmt: skip
