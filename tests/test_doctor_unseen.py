@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -10,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from specdraft.doctor.check import check_contract
+from specdraft.doctor.refusals.check import new_refusals
+from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.contract import Contract, Entry
+from specdraft.engine.formats import ConfigReader, ExportFormat
+from specdraft.engine.usage import OptionKeys
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -126,3 +132,201 @@ def test_no_collision_when_the_name_is_kept_or_removed_from_kwargs_first(tmp_pat
     assert (
         kwengine.LLM(model="m", dtype="auto", kv_cache_memory_bytes=1, seed=0).args.kv_cache_memory_bytes == 1
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# items 2 and 3: a new refusal judged on our actual values (options, eval's default k, the export)
+# ---------------------------------------------------------------------------------------------
+REFUSALS = Path(__file__).parent / "engine_pair" / "refusals"
+
+SPEC_FORMAT = ExportFormat(
+    name="speculators",
+    engine="fakeengine",
+    sample={
+        "speculators_model_type": "eagle3",
+        "target_hidden_size": 64,
+        "speculators_config": {
+            "proposal_methods": [{"speculative_tokens": 3}],
+            "verifier": {"name_or_path": "ORG/target"},
+        },
+    },
+    readers=(ConfigReader("fakeengine.speculators:load", ("config_dict",)),),
+    options=(
+        (
+            "speculators_config.proposal_methods.[].speculative_tokens",
+            "speculative_config.num_speculative_tokens",
+        ),
+    ),
+    fixes={"speculators_config.verifier.name_or_path": "export again with --verifier ORG/NAME"},
+)
+
+
+def _spec_contract(passed=(), formats=(SPEC_FORMAT,)) -> Contract:
+    return Contract(
+        engine="fakeengine",
+        entries=(
+            Entry(
+                "fake.LLM", "fakeengine:LLM", positional=1, keywords=("dtype", "seed", "speculative_config")
+            ),
+        ),
+        option_keys=(
+            OptionKeys(
+                "speculative_config",
+                keys=("method", "num_speculative_tokens"),
+                values=(("method", "eagle3"),),
+                passed=passed,
+                config_class="fakeengine.config:SpeculativeConfig",
+            ),
+        ),
+        formats=formats,
+    )
+
+
+def _edited_release(tmp_path: Path, name: str, edits: dict[str, tuple[str, str]]) -> Path:
+    """A copy of the refusal pairs' base release with ``{file: (old, new)}`` edits."""
+    root = tmp_path / name
+    shutil.copytree(REFUSALS / "base", root)
+    for rel, (old, new) in edits.items():
+        p = root / "fakeengine" / rel
+        text = p.read_text()
+        assert old in text, (rel, old)
+        p.write_text(text.replace(old, new))
+    return root
+
+
+_K_AT_MOST_2 = {
+    "config.py": (
+        '            raise ValueError("num_speculative_tokens must be positive")\n',
+        '            raise ValueError("num_speculative_tokens must be positive")\n'
+        "        if self.num_speculative_tokens > 2:\n"
+        '            raise ValueError("at most 2 speculative tokens")\n',
+    )
+}
+
+
+def _new(root: Path, contract: Contract, **kw):
+    found = new_refusals(SourceTree(root), SourceTree(REFUSALS / "base"), contract, **kw)
+    return [p for p in found if "adds no refusal" not in p.message]
+
+
+def test_a_refusal_of_k_is_a_break_on_the_k_we_pass(tmp_path):
+    """SpeculativeConfig refuses k > 2: capture passes 1, eval 5 by default: a break, naming eval's 5."""
+    root = _edited_release(tmp_path, "k2", _K_AT_MOST_2)
+    (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 5))))
+    assert (p.severity, p.location) == ("break", "fakeengine/config.py:15"), p
+    assert p.passed == "speculative_config.num_speculative_tokens=5"
+    # k = 1 and 2 only: provably accepted
+    (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 2))))
+    assert p.severity == "info"
+
+
+def test_a_refusal_of_k_is_a_break_on_the_exports_k(tmp_path):
+    """Without a k from the contract, `--export`'s config (k = 3, served as num_speculative_tokens) decides."""
+    root = _edited_release(tmp_path, "k2", _K_AT_MOST_2)
+    (p,) = _new(root, _spec_contract())
+    assert p.severity == "warning"  # no value of ours known
+    export = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
+    (p,) = _new(root, _spec_contract(), configs={"speculators": export})
+    assert (p.severity, p.passed) == ("break", "speculative_config.num_speculative_tokens=3")
+    export["speculators_config"]["proposal_methods"] = [{"speculative_tokens": 2}]
+    (p,) = _new(root, _spec_contract(), configs={"speculators": export})
+    assert p.severity == "info"
+
+
+def test_the_contract_declares_evals_default_k():
+    """The k the contract says eval passes is eval's own default (specdraft eval --k)."""
+    import inspect
+
+    from specdraft.engine.usage import EVAL_DEFAULT_K, VLLM_OPTION_KEYS
+    from specdraft.eval.command import evaluate
+
+    assert inspect.signature(evaluate).parameters["k"].default == EVAL_DEFAULT_K
+    spec = next(o for o in VLLM_OPTION_KEYS if o.option == "speculative_config")
+    assert ("num_speculative_tokens", EVAL_DEFAULT_K) in spec.passed
+
+
+#: vLLM 0.33's verifier check (vllm/transformers_utils/config.py:861-873), on the fake engine's reader
+_VERIFIER_033 = {
+    "speculators.py": (
+        '    tokens = spec["proposal_methods"][0]["speculative_tokens"]\n',
+        '    tokens = spec["proposal_methods"][0]["speculative_tokens"]\n'
+        '    verifier_model = spec["verifier"]["name_or_path"]\n'
+        "    try:\n"
+        "        validate_repo_id(verifier_model)\n"
+        "    except HFValidationError as exc:\n"
+        '        raise ValueError("Speculators verifier must name a remote model repository.") from exc\n'
+        "    verifier_path = Path(verifier_model)\n"
+        "    if verifier_path.exists() or verifier_path.is_symlink():\n"
+        '        raise ValueError("Speculators verifier must name a remote model repository.")\n',
+    ),
+}
+
+
+def _verifier_release(tmp_path: Path) -> Path:
+    root = _edited_release(tmp_path, "v033", _VERIFIER_033)
+    p = root / "fakeengine" / "speculators.py"
+    head = (
+        "from pathlib import Path\n\nfrom huggingface_hub.utils import HFValidationError, validate_repo_id\n"
+    )
+    p.write_text(head + p.read_text())
+    return root
+
+
+@pytest.mark.parametrize(
+    "verifier, severity",
+    [
+        ("LOCAL", "break"),  # a local path that exists: both checks refuse it
+        ("/models/target", "break"),  # an absolute path: not a repo id, wherever it exists
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "info"),  # a hub id: accepted
+    ],
+)
+def test_a_local_verifier_is_a_break_with_the_fix_and_a_hub_id_passes(tmp_path, verifier, severity):
+    pytest.importorskip("huggingface_hub")
+    root = _verifier_release(tmp_path)
+    if verifier == "LOCAL":
+        verifier = str(tmp_path)
+    export = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
+    export["speculators_config"]["verifier"] = {"name_or_path": verifier}
+    found = _new(root, _spec_contract(), configs={"speculators": export})
+    severities = {p.severity for p in found}
+    assert found and (severity in severities if severity == "break" else severities == {severity}), found
+    if severity == "break":
+        assert any(p.fix == "export again with --verifier ORG/NAME" for p in found)
+        assert any(
+            "fakeengine/speculators.py:" in p.location and "validate_repo_id" in p.message for p in found
+        )
+
+
+@pytest.fixture
+def base_installed(monkeypatch):
+    """The refusal pairs' base release is the installed fakeengine; nothing of it is left behind."""
+
+    def drop():
+        for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+            del sys.modules[name]
+
+    drop()
+    monkeypatch.syspath_prepend(str(REFUSALS / "base"))
+    yield
+    drop()
+
+
+def test_doctor_against_with_export_exits_1_on_a_local_verifier(tmp_path, base_installed):
+    """`doctor --against RELEASE --export E`: exit 1 for the local path, 0 for the hub id."""
+    pytest.importorskip("huggingface_hub")
+    from specdraft.doctor.command import run_doctor
+
+    root = _verifier_release(tmp_path)
+    codes = {}
+    for verifier in (str(tmp_path), "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        export = tmp_path / ("local" if verifier.startswith("/") else "hub")
+        export.mkdir()
+        config = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
+        config["speculators_config"]["verifier"] = {"name_or_path": verifier}
+        (export / "config.json").write_text(json.dumps(config))
+        report = run_doctor(against=str(root), export=str(export), contracts=[_spec_contract()], device="cpu",
+                            quiet=True)  # fmt: skip
+        refusal = [p for p in report.problems if p.check == "refusal"]
+        codes[export.name] = ([p.severity for p in report.breaks if p.check == "refusal"], refusal)
+    assert codes["local"][0] and set(codes["local"][0]) == {"break"}
+    assert codes["hub"][0] == [] and all(p.severity == "info" for p in codes["hub"][1])

@@ -18,7 +18,11 @@ version by version. Each :class:`ExportFormat` declares
 * ``weights`` / ``weight_loader``: the weight names the export writes and the model class whose
   ``load_weights`` takes them (a name it neither maps nor has a module for is silently dropped);
 * ``layer_ids``: the engine function that turns our aux layer ids into capture points (its offset must
-  be our convention's: id k is the hidden state entering decoder layer k).
+  be our convention's: id k is the hidden state entering decoder layer k);
+* ``options``: fields the engine passes on as an option's value when it serves the export (the
+  speculators k becomes ``speculative_config.num_speculative_tokens``): a refusal of that option is
+  judged on the export's value too;
+* ``fixes``: for a field, what to do when a release refuses the export's value of it.
 
 :mod:`specdraft.doctor.formats.check` reads each reader with :mod:`specdraft.doctor.formats.reads` from
 the installed or ``--against`` source and reports every key the version requires and the export lacks,
@@ -104,6 +108,8 @@ class ExportFormat:
     weights: tuple[str, ...] = ()
     weight_loader: str = ""
     layer_ids: LayerIds | None = None
+    options: tuple[tuple[str, str], ...] = ()
+    fixes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,8 @@ SPECULATORS_SAMPLE: dict[str, Any] = {
         "algorithm": "eagle3",
         "default_proposal_method": "greedy",
         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-        "verifier": {"name_or_path": "/path/to/target", "architectures": []},
+        # export names the target's hub id when it finds one (export.find_hub_id), as here, else its path
+        "verifier": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct", "architectures": []},
     },
     "draft_vocab_size": 256,
     "target_hidden_size": 64,
@@ -230,6 +237,18 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
         # speculators format; a top-level model_type would make it parse the file as that model's config
         absent=("model_type",),
         model_scope="transformer_layer_config",
+        # `vllm serve EXPORT` builds its speculative_config from the export (build_vllm_speculative_config)
+        options=(
+            (
+                "speculators_config.proposal_methods.[].speculative_tokens",
+                "speculative_config.num_speculative_tokens",
+            ),
+        ),
+        fixes={
+            "speculators_config.verifier.name_or_path": "export again with --verifier ORG/NAME (the target's "
+            "Hugging Face id), or serve the target with --model TARGET and --speculative-config "
+            '\'{"method": "eagle3", "model": EXPORT, "num_speculative_tokens": K}\'',
+        },
     ),
     ExportFormat(
         name="eagle3",

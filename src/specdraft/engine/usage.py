@@ -17,8 +17,10 @@ anything declared here and used nowhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "EVAL_DEFAULT_K",
     "VLLM_CONVENTIONS",
     "VLLM_ENV_VARS",
     "VLLM_OPTIONAL_ENV_VARS",
@@ -63,6 +65,9 @@ class OptionKeys:
         value_modules: engine modules where each dispatch value must appear (doctor checks it).
         optional: dispatch values of an optional mode (``extract_hidden_states``, vLLM >= 0.17): a version
             without them gets a warning, not a break.
+        passed: ``(key, value)`` for other keys whose values we know (each value we pass in some mode, or by
+            default): doctor judges a release's new refusals on them (``num_speculative_tokens`` 1 in
+            capture, eval's default k); they need not appear in the engine's source.
     """
 
     option: str
@@ -72,9 +77,12 @@ class OptionKeys:
     config_class: str = ""
     value_modules: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
+    passed: tuple[tuple[str, Any], ...] = ()
 
 
 _CAPTURE = "specdraft.capture.vllm"
+#: the k `specdraft eval` serves the draft with unless told otherwise (its --k default)
+EVAL_DEFAULT_K = 5
 _WORKER = "specdraft.eval.vllm_worker"
 
 VLLM_CONVENTIONS: tuple[Convention, ...] = (
@@ -136,6 +144,9 @@ VLLM_OPTION_KEYS: tuple[OptionKeys, ...] = (
             "draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids",
         ),
         values=(("method", "eagle3"), ("method", "extract_hidden_states")),
+        # capture's extract_hidden_states mode passes k = 1; eval passes its k, 5 by default
+        # (specdraft.eval.command.evaluate; tests/test_doctor_unseen.py keeps the two equal)
+        passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", EVAL_DEFAULT_K)),
         used_by=f"{_CAPTURE}, specdraft.eval.vllm_engine",
         config_class="vllm.config.speculative:SpeculativeConfig",
         value_modules=("vllm.config.speculative",),

@@ -23,7 +23,7 @@ from specdraft.doctor.check import Problem, shorten
 from specdraft.doctor.formats.check import detect_format
 from specdraft.doctor.formats.reads import ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
-from specdraft.doctor.refusals.judge import UNKNOWN, truth
+from specdraft.doctor.refusals.judge import UNKNOWN, raises, truth
 from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
 from specdraft.doctor.source.reader import SourceTree, dotted_name
 from specdraft.engine.contract import Contract
@@ -46,6 +46,7 @@ class Found:
     case: str  # our values the verdict is about
     judged: bool  # the formats check judges this value check already
     exact: bool  # our values are the ones we pass or write, not a sample
+    fix: str = ""  # what to do when the release refuses our value of this field (ExportFormat.fixes)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -98,14 +99,36 @@ def _shown(scope: Scope, path: FieldPath) -> str:
     return ".".join((*scope.prefix, *path)).replace(f".{ITEM}", "[0]")
 
 
+def _imports(tree: SourceTree, module: str) -> dict[str, str]:
+    """``{name: dotted name}`` of what ``module`` imports (``from huggingface_hub.utils import validate_repo_id``)."""
+    parsed = tree.parse(module)
+    out: dict[str, str] = {}
+    for s in ast.walk(parsed) if parsed is not None else ():
+        if isinstance(s, ast.ImportFrom) and s.module and not s.level:
+            out.update({a.asname or a.name: f"{s.module}.{a.name}" for a in s.names})
+        elif isinstance(s, ast.Import):
+            out.update({a.asname: a.name for a in s.names if a.asname})
+    return out
+
+
+def _qualifier(imports: Mapping[str, str]):
+    def qualify(name: str) -> str:
+        head, dot, rest = name.partition(".")
+        return imports[head] + dot + rest if head in imports else name
+
+    return qualify
+
+
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
-             consts: Mapping[str, Any]) -> tuple[bool | None, str]:  # fmt: skip
+             consts: Mapping[str, Any], qualify=str) -> tuple[bool | None, str]:  # fmt: skip
     """Whether our values meet the refusal's condition (any known case does: True), and that case."""
     known = [p for p in fields if p in scope.values]
     cases = list(itertools.islice(itertools.product(*(scope.values[p] for p in known)), _MAX_CASES))
 
     def lookup_in(case: dict[FieldPath, Any]):
         def lookup(node: ast.AST) -> Any:
+            if isinstance(node, ast.Call) and dotted_name(node.func) == "raises":
+                return raises(node, lookup, qualify)
             path = reader.path_of(node, False, frozenset())
             if path:
                 return case.get(path, UNKNOWN)
@@ -137,6 +160,7 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
     """Every refusal in ``tree`` whose condition reads a value ``contract`` passes or writes (see :func:`scopes`)."""
     out: dict[tuple[str, str], Found] = {}
     consts: dict[str, dict[str, Any]] = {}
+    imports: dict[str, dict[str, str]] = {}
     tables: dict[str, dict[str, tuple[str, ...]]] = {}
     for scope in scopes(tree, contract, configs, values):
         reader = _Reader([], {}, scope.attrs)
@@ -154,13 +178,18 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
         rel = path.relative_to(tree.root).as_posix() if path is not None else scope.module
         if scope.module not in consts:
             consts[scope.module] = _module_constants(tree, scope.module)
+            imports[scope.module] = _imports(tree, scope.module)
         for r, fields in ours:
             where = f"{rel}:{r.line}"
             if (scope.label, where) in out:
                 continue
-            refused, case = _verdict(r, scope, reader, fields, consts[scope.module])
+            refused, case = _verdict(r, scope, reader, fields, consts[scope.module],
+                                     _qualifier(imports[scope.module]))  # fmt: skip
+            fix = next(
+                (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
+            )
             out[(scope.label, where)] = Found(scope.label, r, where, tuple(_shown(scope, p) for p in fields),
-                                              refused, case, r.test_line in scope.judged, scope.exact)  # fmt: skip
+                                              refused, case, r.test_line in scope.judged, scope.exact, fix)  # fmt: skip
     return list(out.values())
 
 
@@ -184,7 +213,8 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
     if refused is not None:
         return Problem("refusal", labels, f"{head}; our value meets the condition: {release} refuses it",
                        symbol=fields, installed=was or "", location=f.location, passed=refused.case,
-                       fix="pass or write a value it accepts, or pin a release without this check")  # fmt: skip
+                       fix=refused.fix or "pass or write a value it accepts, or pin a release without this "
+                       "check")  # fmt: skip
     passes = next((x for x in found if x.refused is False), None)
     if passes is not None and all(x.refused is False and x.exact for x in found):
         return Problem("refusal", labels, f"{head}; our value passes it", "info", symbol=fields,
@@ -193,7 +223,7 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
             else f"whether our value of {fields} passes cannot be told statically")  # fmt: skip
     return Problem("refusal", labels, f"{head}; {tail}", "warning", symbol=fields, installed=was or "",
                    location=f.location, passed=passes.case if passes else "",
-                   fix=f"check that what you pass as {fields} satisfies it")  # fmt: skip
+                   fix=f.fix or f"check that what you pass as {fields} satisfies it")  # fmt: skip
 
 
 def new_refusals(

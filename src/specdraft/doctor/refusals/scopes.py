@@ -47,6 +47,8 @@ class Scope:
         tables: key tables visible in the module (dict literals, registries), for an export reader.
         exact: ``values`` are the values we pass or write, not a sample of them (an export directory's config,
             dispatch values, values given): a condition they provably pass is no risk.
+        fixes: what to do when the release refuses our value at a path (from the config's root, ``prefix``
+            included): ``ExportFormat.fixes``.
         reader: the export reader (None: an entry point or option); its tables and judged lines are read
             only for a function with a refusal on our values (:func:`read_tables`): they cost a parse of
             every module the reader's module imports from.
@@ -64,6 +66,7 @@ class Scope:
     tables: dict[str, tuple[str, ...]] = field(default_factory=dict)
     reader: ConfigReader | None = None
     exact: bool = True
+    fixes: Mapping[Path, str] = field(default_factory=dict)
 
     def ours(self, path: Path) -> bool:
         """Whether ``path`` is (part of) something we pass."""
@@ -142,18 +145,39 @@ def _entry_scopes(
         yield Scope(e.name, module, fn, roots, attrs, passed, known)
 
 
-def _option_values(contract: Contract) -> dict[str, dict[Path, tuple[Any, ...]]]:
-    """``{option: {key path: (values...)}}`` from the contract's dispatch values of dict options."""
+def _option_values(
+    contract: Contract, configs: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, dict[Path, tuple[Any, ...]]]:
+    """``{option: {key path: (values...)}}``: every value of a dict option's keys we know, from each source
+    that has one: the contract's dispatch values and the values the backends pass (:class:`OptionKeys`), and
+    the exports' fields the engine passes on as option values (``ExportFormat.options``: the speculators
+    k is ``speculative_config.num_speculative_tokens`` under ``vllm serve EXPORT``), from ``configs`` only
+    (a sample's value is not a value we pass)."""
     out: dict[str, dict[Path, tuple[Any, ...]]] = {}
+
+    def add(option: str, key: Path, v: Any) -> None:
+        vals = out.setdefault(option, {})
+        if v not in vals.get(key, ()):
+            vals[key] = (*vals.get(key, ()), v)
+
     for o in contract.option_keys:
-        for key, v in o.values:
-            vals = out.setdefault(o.option, {})
-            vals[_split(key)] = (*vals.get(_split(key), ()), v)
+        for key, v in (*o.values, *o.passed):
+            add(o.option, _split(key), v)
+    for fmt in contract.formats:
+        config = (configs or {}).get(fmt.name)
+        for field_path, option_path in fmt.options if config is not None else ():
+            flat = _flatten(config)
+            option, *key = _split(option_path)
+            for v in flat.get(_split(field_path), ()):
+                if isinstance(v, (str, int, float, bool)):
+                    add(option, tuple(key), v)
     return out
 
 
-def _option_scopes(tree: SourceTree, contract: Contract) -> Iterator[Scope]:
-    options = _option_values(contract)
+def _option_scopes(
+    tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping[str, Any]] | None
+) -> Iterator[Scope]:
+    options = _option_values(contract, configs)
     for o in contract.option_keys:
         cls = tree.resolve(o.config_class)[0] if o.config_class else None
         if cls is None or cls.kind != "class":
@@ -205,7 +229,8 @@ def _reader_scopes(
     for node in nodes:
         for fn in _functions(node):
             yield Scope(f"{fmt.name} export", module, fn, dict.fromkeys(r.roots, ()), r.model,
-                        frozenset(values), values, prefix, reader=r, exact=exact)  # fmt: skip
+                        frozenset(values), values, prefix, reader=r, exact=exact,
+                        fixes={_split(k): v for k, v in fmt.fixes.items()})  # fmt: skip
 
 
 def read_tables(tree: SourceTree, scope: Scope, cache: dict[str, dict[str, tuple[str, ...]]]) -> None:
@@ -233,11 +258,11 @@ def scopes(
             sample of the values export writes; a format missing from a given mapping is skipped).
         values: ``{entry name: {argument: value}}``: values we pass, when known (the rest is unknown).
     """
-    options = _option_values(contract)
+    options = _option_values(contract, configs)
     out: list[Scope] = []
     for e in contract.entries:
         out += _entry_scopes(tree, e, (values or {}).get(e.name, {}), options)
-    out += _option_scopes(tree, contract)
+    out += _option_scopes(tree, contract, configs)
     for fmt in contract.formats:
         if configs is not None and fmt.name not in configs:
             continue
