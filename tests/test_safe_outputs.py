@@ -134,10 +134,11 @@ def test_every_command_has_a_resume_hint_and_trains_says_resume(monkeypatch, cap
         assert cli.main(argv) == rc
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"specdraft train: {said}") and "\n" not in err
-        assert "rerun with --resume" in err and "rerun the same command" not in err
+        assert "no checkpoint was written yet: rerun `specdraft train " in err and "--resume" not in err
     assert signal.getsignal(signal.SIGTERM) is sigterm_before  # the handler lives only while a command runs
     assert set(cli.RESUME_HINTS) == set(cli.COMMANDS)  # one hint per command
-    assert err.endswith(cli.RESUME_HINTS["train"]) and "without --fresh" in cli.RESUME_HINTS["quickstart"]
+    assert err.endswith(f"rerun `specdraft {' '.join(argv)}` to start over")  # the exact command (issue 40)
+    assert "without --fresh" in cli.RESUME_HINTS["quickstart"]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +176,8 @@ def test_sigterm_stops_train_like_ctrl_c_with_its_resume_hint(tmp_path, shards):
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
     assert (
-        err.strip().splitlines()[-1] == f"specdraft train: terminated (SIGTERM); {cli.RESUME_HINTS['train']}"
+        err.strip().splitlines()[-1]
+        == f"specdraft train: terminated (SIGTERM); resume with `specdraft {' '.join(cmd[3:])} --resume`"
     )
     assert "Traceback" not in err
     from specdraft.model.checkpoint import load_draft

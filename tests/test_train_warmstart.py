@@ -88,6 +88,9 @@ def test_a_draft_of_another_target_or_other_layers_is_refused(first):
     layers = list(d.cfg.aux_layer_ids)
     warm_draft(str(first), ok, layers)  # the draft's own target and layers load
     other = types.SimpleNamespace(**{**vars(ok), "config_hash": "0123456789abcdef"})
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError) as e:  # another target: no --layers fix (it could not work)
         warm_draft(str(first), other, [layers[0], layers[1], layers[2] - 1])
-    assert "another target" in str(e.value) and f"--layers {' '.join(map(str, layers))}" in str(e.value)
+    assert "is a draft for another target" in str(e.value) and "--layers" not in str(e.value)
+    with pytest.raises(ValueError) as e:  # the same target, other layers: extract with the draft's
+        warm_draft(str(first), ok, [layers[0], layers[1], layers[2] - 1])
+    assert f"extract the data again with --layers {' '.join(map(str, layers))}" in str(e.value)

@@ -158,23 +158,40 @@ def main(argv: list[str] | None = None) -> int:
         names = [f.name for f in dataclasses.fields(cls) if f.init]
         kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
     kwargs.update(ns)
-    hint = RESUME_HINTS.get(cmd, "rerun the same command")
     try:
         with _sigterm_as_interrupt():
             result = fn(**kwargs)
     except Terminated:
-        print(f"specdraft {cmd}: terminated (SIGTERM); {hint}", file=sys.stderr)
+        print(f"specdraft {cmd}: terminated (SIGTERM); {_hint(cmd, argv, kwargs)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print(f"specdraft {cmd}: interrupted; {hint}", file=sys.stderr)
+        print(f"specdraft {cmd}: interrupted; {_hint(cmd, argv, kwargs)}", file=sys.stderr)
         return 130
     except Exception as e:
         # user errors (bad input, paths, a full disk, engine refusals) in one line; anything else is a bug
         if os.environ.get("SPECDRAFT_DEBUG") or not (isinstance(e, _USER_ERRORS) or _disk_full(e)):
             raise
-        print(f"specdraft {cmd}: error: {_user_message(e, hint)}", file=sys.stderr)
+        print(f"specdraft {cmd}: error: {_user_message(e, _hint(cmd, argv, kwargs))}", file=sys.stderr)
         return 2
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _hint(cmd: str, argv: list[str], kwargs: dict) -> str:
+    """What to do after `cmd` stopped: its RESUME_HINTS line; for train, the exact command that resumes it.
+    Progress bars a failed stage left open are closed first, so the message that follows starts a line."""
+    _close_bars()
+    if cmd == "train":
+        from specdraft.train.loop import resume_hint
+
+        return resume_hint(argv, kwargs["out"])
+    return RESUME_HINTS.get(cmd, "rerun the same command")
+
+
+def _close_bars() -> None:
+    """Close every tqdm bar still open (a stage stopped by an error leaves its bar mid-line)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 class Terminated(KeyboardInterrupt):

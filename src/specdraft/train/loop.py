@@ -49,7 +49,7 @@ from specdraft.train.config import _DEFAULTS, TrainConfig
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
 from specdraft.train.metrics import MetricsLog
 from specdraft.train.plot import plot_metrics
-from specdraft.train.setup import _lr_lambda, _Setup, _setup
+from specdraft.train.setup import _lr_lambda, _Setup, _setup, warm_problems
 from specdraft.train.ttt import (
     TeacherHead,
     TTTModel,
@@ -140,7 +140,7 @@ class _Meter:
 
 def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
     """Every user error at once (before anything is built); returns the checkpoint to resume from."""
-    errors = cfg.problems()
+    errors = cfg.problems() + warm_problems(shards, cfg)
     if not cfg.online and not any(Path(p).is_dir() for p in shards.split(",") if p):
         errors.append(
             f"{shards} is not a directory: pass an extraction directory (or --online with a dataset)"
@@ -520,6 +520,17 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
     )
     with lock:
         return train_loop(shards, out_dir, cfg)
+
+
+def resume_hint(argv: list[str], out: str) -> str:
+    """What to run after `specdraft train` (`argv`, the command's own arguments) stopped: the same arguments
+    with --resume, or without it when no checkpoint was written yet."""
+    import shlex
+
+    args = [a for a in argv if a not in ("--resume", "--no-resume")]
+    if latest_checkpoint(Path(out)) is None:
+        return f"no checkpoint was written yet: rerun `specdraft {shlex.join(args)}` to start over"
+    return f"resume with `specdraft {shlex.join([*args, '--resume'])}`"
 
 
 def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:

@@ -220,23 +220,73 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     return _Setup(opened.source, lengths, train_sids, val_sids, draft.to(device), teacher, prov, embed, cfg)
 
 
+def data_target(data: str, cfg: TrainConfig) -> tuple[str, str, list[int]] | None:
+    """(name, config hash, layer ids) of the target the data is for, from metadata alone (the extraction's
+    manifest; online the dataset's target's config); None when unreadable (opening the data says why)."""
+    import json
+
+    from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids, config_hash, load_text_config
+
+    try:
+        if not cfg.online:
+            first = Path(next(p for p in data.split(",") if p))
+            man = json.loads(sorted(first.glob("manifest-*-of-*.json"))[0].read_text())
+            return man["target"].get("name", ""), man["target"]["config_hash"], list(man["layer_ids"])
+        name = (
+            cfg.target
+            or json.loads((Path(data) / "manifest.json").read_text()).get("target")
+            or EMBEDDED_DEFAULT
+        )
+        text = load_text_config(name, trust_remote_code=cfg.trust_remote_code)
+        return name, config_hash(text), capture_layer_ids(text.num_hidden_layers, cfg.layers)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, StopIteration):
+        return None
+
+
+def warm_problems(data: str, cfg: TrainConfig) -> list[str]:
+    """--init-from a draft the data's target or layers cannot feed, each with its fix: metadata only, before
+    anything loads (`init_problems` names a path without a draft)."""
+    p = draft_dir(cfg.init_from) if cfg.init_from else None
+    got = data_target(data, cfg) if p is not None else None
+    if got is None:
+        return []
+    try:
+        dc = load_draft_config(p)
+    except (OSError, ValueError):
+        return []
+    return _mismatch(p, dc, *got, online=cfg.online)
+
+
+def _mismatch(p: Path, dc, name: str, chash: str, layer_ids: list[int], online: bool) -> list[str]:
+    """Why draft `p` (config `dc`) cannot start from the data's target `name` (config hash `chash`) and layers."""
+    if dc.target_config_hash and chash and dc.target_config_hash != chash:
+        return [f"--init-from {p} is a draft for another target ({dc.target_name or '?'}, config hash "
+                f"{dc.target_config_hash}) than the data's ({name}, config hash {chash}): pass --init-from a draft "
+                f"trained for {name}, or drop --init-from to start a fresh draft"]  # fmt: skip
+    aux, have = list(dc.aux_layer_ids), list(layer_ids[:3])
+    if aux != have:
+        spelled = " ".join(map(str, aux))
+        fix = (
+            f"pass --layers {spelled}"
+            if online
+            else f"extract the data again with --layers {spelled} (a new --out)"
+        )
+        return [f"--init-from {p} reads aux layers {aux}, the data holds {have}: {fix}"]
+    return []
+
+
 def warm_draft(path: str, target, aux_layer_ids: list[int]) -> tuple[Eagle3Draft, str]:
     """The --init-from draft for this target and these aux layers (float32, embeddings frozen), and its path."""
     p = draft_dir(path)
     assert p is not None, "init_problems vets the path before setup"
     dc = load_draft_config(p)
-    errs = []
-    if dc.target_config_hash and target.config_hash and dc.target_config_hash != target.config_hash:
-        errs.append(f"it was trained for another target (config hash {dc.target_config_hash}; the data's target "
-                    f"has {target.config_hash}): start a fresh run, or train on this target's hidden states")  # fmt: skip
-    if list(dc.aux_layer_ids) != list(aux_layer_ids):
-        errs.append(f"it reads aux layers {list(dc.aux_layer_ids)}, the data holds {list(aux_layer_ids)}: "
-                    f"extract with --layers {' '.join(map(str, dc.aux_layer_ids))}")  # fmt: skip
+    name = getattr(target, "path", "") or getattr(target, "name", "")
+    errs = _mismatch(p, dc, name, target.config_hash, [*aux_layer_ids], online=False)
     if dc.hidden_size != target.hidden_size or dc.vocab_size != target.vocab_size:
-        errs.append(f"its sizes (hidden {dc.hidden_size}, vocab {dc.vocab_size}) are not the target's "
+        errs.append(f"--init-from {p}: its sizes (hidden {dc.hidden_size}, vocab {dc.vocab_size}) are not the target's "
                     f"(hidden {target.hidden_size}, vocab {target.vocab_size})")  # fmt: skip
     if errs:
-        raise ValueError(f"train --init-from {p}: " + "; ".join(errs))
+        raise ValueError("train: " + "; ".join(errs))
     return load_draft(p), str(p)
 
 
