@@ -334,3 +334,31 @@ def test_an_error_message_starts_its_own_line_after_a_progress_bar(tmp_path, mon
     assert err.startswith("\rtrain:") and err.endswith(
         "\nspecdraft train: error: train: something the user can fix\n"
     )
+
+
+# --- also: --skip-bad's count, --allow-partial and a lost shard ------------------------------------------------
+
+
+def test_skip_bad_counts_what_a_skipped_shard_holds(tmp_path, ds, tiny_llama_dir, capsys):
+    x = run_extract(ds, tmp_path / "x", tiny_llama_dir)
+    for ext in (".safetensors", ".json"):  # shard 1 replaced by shard 0 under its name: it holds 4 samples
+        shutil.copy(x / f"shard-00000-00000{ext}", x / f"shard-00000-00001{ext}")
+    capsys.readouterr()
+    ShardSet.open(x, skip_bad=True)
+    assert capsys.readouterr().out.startswith("specdraft: warning: skipping 1 bad shard(s), 4 samples: ")
+
+
+def test_a_lost_shard_names_skip_bad_with_allow_partial_and_that_trains(tmp_path, ds, tiny_llama_dir, capsys):
+    x = run_extract(ds, tmp_path / "x", tiny_llama_dir)
+    for ext in (".safetensors", ".json"):  # lost, sidecar and all
+        (x / f"shard-00000-00001{ext}").unlink()
+    with pytest.raises(ValueError) as e:
+        train(str(x), str(tmp_path / "t"), replace(CFG, allow_partial=True))
+    assert str(e.value).endswith(": rerun `specdraft extract` with the same command to redo it, or train with "
+                                 "--skip-bad --allow-partial to train without its samples")  # fmt: skip
+    train(str(x), str(tmp_path / "t"), replace(CFG, allow_partial=True, skip_bad=True, max_steps=1))
+    out = capsys.readouterr().out
+    assert (
+        "specdraft: warning: skipping 1 bad shard(s), 0 samples and the 4 samples no sidecar lists: " in out
+    )
+    assert "training on the 4 there" in out

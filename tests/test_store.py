@@ -110,7 +110,7 @@ def test_missing_sidecar_of_a_complete_extraction_is_refused_at_open(tmp_path):
         ShardSet.open(d)
     assert str(e.value) == (
         f"{side}: sidecar missing (the manifest lists 4 shards): rerun `specdraft extract` with the same "
-        "command to redo it"
+        "command to redo it, or train with --skip-bad --allow-partial to train without its samples"
     )
     assert any(p.startswith("3 samples missing") for p in verify([str(d)]))
 
@@ -138,7 +138,10 @@ def test_truncated_or_missing_shard_is_refused_at_open(tmp_path, how):
         problem = "shard file missing (its sidecar lists 3 samples)"
     with pytest.raises(ShardError) as e:
         ShardSet.open(d)
-    assert str(e.value) == f"{path}: {problem}: rerun `specdraft extract` with the same command to redo it"
+    fix = "rerun `specdraft extract` with the same command to redo it"
+    if how != "truncated":  # its sidecar still lists its samples: --skip-bad leaves them out
+        fix += ", or train with --skip-bad to leave its samples out"
+    assert str(e.value) == f"{path}: {problem}: {fix}"
 
 
 def test_non_finite_values_and_wrong_shapes_are_refused_on_load(tmp_path):

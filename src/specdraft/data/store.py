@@ -55,6 +55,10 @@ STORE_DTYPES = (*sorted(DTYPES), "fp8")
 #: the fix for a shard that is missing, truncated or partly written: extract's resume redoes it
 REDO = "rerun `specdraft extract` with the same command to redo it"
 
+#: the fix for a shard lost with its sidecar: redo it, or train without its samples (--allow-partial alone does
+#: not leave out a shard the manifest lists; --skip-bad does, then its samples are missing: --allow-partial)
+LOST = f"{REDO}, or train with --skip-bad --allow-partial to train without its samples"
+
 #: the fix for an extraction written before shards were bound to it (no `extraction_id`)
 REEXTRACT = "extract again into a new directory (this version binds every shard to its extraction)"
 
@@ -284,11 +288,14 @@ class ShardSet:
         bad = {p: e.problem for p, e in problems}
         if not bad:
             return
-        before = len(self._locs)
         self._locs = {s: loc for s, loc in self._locs.items() if loc.path not in bad}
         self.skipped = {str(p): why for p, why in sorted(bad.items())}
+        # what each bad shard holds by its own sidecar (another shard may list the same ids); none: unknown
+        held = {p: len(self._sidecars[p]["samples"]) for p in bad if p in self._sidecars}
         names = ", ".join(f"{p.name} ({why})" for p, why in sorted(bad.items()))
-        print(f"specdraft: warning: skipping {len(bad)} bad shard(s), {before - len(self._locs)} samples: "
+        lost = self.missing_samples() if len(held) < len(bad) else []  # a shard without its sidecar: unlisted
+        more = f" and the {len(lost)} samples no sidecar lists" if lost else ""
+        print(f"specdraft: warning: skipping {len(bad)} bad shard(s), {sum(held.values())} samples{more}: "
               f"{names}", flush=True)  # fmt: skip
 
     def sample_ids(self) -> list[int]:
@@ -444,7 +451,7 @@ def _manifest_sidecars(man: dict, problems: list) -> list[tuple[Path, Path]]:
             stem = shard_stem(man["shard_index"], k)
             if f"{stem}.json" not in found:
                 problems.append((d / f"{stem}.safetensors", ShardError(d / f"{stem}.json", "sidecar missing "
-                                 f"(the manifest lists {man['num_planned_shards']} shards)")))  # fmt: skip
+                                 f"(the manifest lists {man['num_planned_shards']} shards)", LOST)))  # fmt: skip
     return [(sc, sc.with_suffix(".safetensors")) for _, sc in sorted(found.items())]
 
 
@@ -453,7 +460,8 @@ def _size_problems(path: Path, side: dict) -> list[ShardError]:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        return [ShardError(path, f"shard file missing (its sidecar lists {len(side['samples'])} samples)")]
+        return [ShardError(path, f"shard file missing (its sidecar lists {len(side['samples'])} samples)",
+                           f"{REDO}, or train with --skip-bad to leave its samples out")]  # fmt: skip
     if size != side["bytes"]:
         return [ShardError(path, f"size {size} != {side['bytes']} recorded (truncated or partly written)")]
     return []
