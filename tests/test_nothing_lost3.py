@@ -341,11 +341,12 @@ def test_an_error_message_starts_its_own_line_after_a_progress_bar(tmp_path, mon
 
 def test_skip_bad_counts_what_a_skipped_shard_holds(tmp_path, ds, tiny_llama_dir, capsys):
     x = run_extract(ds, tmp_path / "x", tiny_llama_dir)
-    for ext in (".safetensors", ".json"):  # shard 1 replaced by shard 0 under its name: it holds 4 samples
-        shutil.copy(x / f"shard-00000-00000{ext}", x / f"shard-00000-00001{ext}")
+    for ext in (".safetensors", ".json"):  # shard 0 replaced by shard 1 under its name: it holds 4 samples
+        shutil.copy(x / f"shard-00000-00001{ext}", x / f"shard-00000-00000{ext}")
     capsys.readouterr()
-    ShardSet.open(x, skip_bad=True)
+    ss = ShardSet.open(x, skip_bad=True)
     assert capsys.readouterr().out.startswith("specdraft: warning: skipping 1 bad shard(s), 4 samples: ")
+    assert len(ss.sample_ids()) == 4  # shard 1's own, read from shard 1
 
 
 def test_a_lost_shard_names_skip_bad_with_allow_partial_and_that_trains(tmp_path, ds, tiny_llama_dir, capsys):
