@@ -4,8 +4,8 @@ Per sample the shards hold token ids, loss mask and hidden states (T, 4, H): the
 the final id L (before the final norm; see `specdraft.targets` for the convention), stored in bfloat16 by
 default or fp8 (e4m3, a scale per token and layer). Restarting a killed run finishes exactly the shards
 not yet complete (see `specdraft.data.store`); the manifest records the run's identity (dataset, layers,
-target config and weights, store dtype, sharding) before the first shard, and a rerun with another
-identity is refused. Every sidecar records the run's `extraction_id` (the identity's hash) and its own
+target config and weights, store and compute dtypes, backend, sharding) before the first shard, and a rerun
+with another identity is refused. Every sidecar records the run's `extraction_id` (the identity's hash) and its own
 name: a resume, or a rerun that finds the run complete, refuses a shard copied in from another extraction
 or renamed, and a dataset changed since (its content hash is in the identity; `load_dataset` refuses
 files that no longer match their manifest). One extract process per output directory (a `DirLock`).
