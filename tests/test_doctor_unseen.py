@@ -330,3 +330,26 @@ def test_doctor_against_with_export_exits_1_on_a_local_verifier(tmp_path, base_i
         codes[export.name] = ([p.severity for p in report.breaks if p.check == "refusal"], refusal)
     assert codes["local"][0] and set(codes["local"][0]) == {"break"}
     assert codes["hub"][0] == [] and all(p.severity == "info" for p in codes["hub"][1])
+
+
+def _unused_feature(assigned: bool) -> dict[str, tuple[str, str]]:
+    """SpeculativeConfig gains a feature we never turn on (a field defaulting to off) with a check on k."""
+    post = '        self.rejection = "fly" if self.method == "fly" else self.rejection\n' if assigned else ""
+    return {
+        "config.py": (
+            "    num_speculative_tokens: int = 1\n\n    def __post_init__(self):\n",
+            '    num_speculative_tokens: int = 1\n    rejection: str = "standard"\n\n    def __post_init__(self):\n'
+            + post
+            + '        if self.rejection == "fly" and self.num_speculative_tokens < 2:\n'
+            + '            raise ValueError("FLy needs k >= 2")\n',
+        )
+    }
+
+
+def test_a_check_on_a_feature_we_leave_off_is_decided_by_its_default(tmp_path):
+    """Item 8: a new check on a field we never set, at its literal default, is no warning (info: passes)."""
+    (p,) = _new(_edited_release(tmp_path, "off", _unused_feature(False)), _spec_contract())
+    assert p.severity == "info" and "passes it" in p.message, p
+    # the class sets the field itself: its value is not known, the warning stays
+    (p,) = _new(_edited_release(tmp_path, "set", _unused_feature(True)), _spec_contract())
+    assert p.severity == "warning", p

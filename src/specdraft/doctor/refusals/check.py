@@ -131,7 +131,7 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
                 return raises(node, lookup, qualify)
             path = reader.path_of(node, False, frozenset())
             if path:
-                return case.get(path, UNKNOWN)
+                return case.get(path, scope.defaults.get(path, UNKNOWN))
             name = dotted_name(node)
             if name in consts and not isinstance(consts[name], dict):
                 return consts[name]

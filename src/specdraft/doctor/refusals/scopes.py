@@ -24,7 +24,7 @@ from specdraft.doctor.source.reader import Found, SourceTree, dotted_name
 from specdraft.engine.contract import Contract, Entry
 from specdraft.engine.formats import ConfigReader, ExportFormat
 
-__all__ = ["Scope", "read_tables", "scopes"]
+__all__ = ["Scope", "field_defaults", "read_tables", "scopes"]
 
 Path = tuple[str, ...]
 _VALIDATORS = {"field_validator", "validator", "model_validator", "root_validator"}
@@ -49,6 +49,8 @@ class Scope:
             dispatch values, values given): a condition they provably pass is no risk.
         fixes: what to do when the release refuses our value at a path (from the config's root, ``prefix``
             included): ``ExportFormat.fixes``.
+        defaults: the values of the fields we never set, where known (a config class's literal defaults that
+            none of its methods reassigns): a check on a feature we leave off is decided by them.
         reader: the export reader (None: an entry point or option); its tables and judged lines are read
             only for a function with a refusal on our values (:func:`read_tables`): they cost a parse of
             every module the reader's module imports from.
@@ -67,6 +69,7 @@ class Scope:
     reader: ConfigReader | None = None
     exact: bool = True
     fixes: Mapping[Path, str] = field(default_factory=dict)
+    defaults: Mapping[Path, Any] = field(default_factory=dict)
 
     def ours(self, path: Path) -> bool:
         """Whether ``path`` is (part of) something we pass."""
@@ -174,6 +177,57 @@ def _option_values(
     return out
 
 
+def _literal_default(value: ast.expr | None) -> Any:
+    """The literal default of a field (``x: int = 3``, ``field(default=None)``, ``Field(default=0, ge=0)``)."""
+    if isinstance(value, ast.Call) and dotted_name(value.func).split(".")[-1] in ("field", "Field"):
+        value = next(
+            (k.value for k in value.keywords if k.arg == "default"), value.args[0] if value.args else None
+        )
+    if value is None:
+        return _NO_DEFAULT
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
+
+
+def field_defaults(tree: SourceTree, cls: Found, passed: set[str]) -> dict[Path, Any]:
+    """``{(field,): default}`` of the fields of config class ``cls`` that we do not set: their value is their
+    literal default, unless a method of the class assigns them (``self.x = ...``): then it is not known."""
+    chain = tree.mro(cls)[0]
+    assigned: set[str] = set()
+    for c in chain:
+        for n in ast.walk(c.node):
+            targets = (
+                n.targets
+                if isinstance(n, ast.Assign)
+                else [n.target]
+                if isinstance(n, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
+            assigned |= {
+                t.attr for t in targets if isinstance(t, ast.Attribute) and dotted_name(t.value) == "self"
+            }
+            if isinstance(n, ast.Call) and dotted_name(n.func).endswith("__setattr__") and len(n.args) >= 2:
+                assigned |= {
+                    a.value for a in n.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                }
+    out: dict[Path, Any] = {}
+    for c in reversed(chain):
+        for st in c.node.body:
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                name = st.target.id
+                v = _literal_default(st.value)
+                if name in passed or name in assigned or v is _NO_DEFAULT:
+                    out.pop((name,), None)
+                else:
+                    out[(name,)] = v
+    return out
+
+
 def _option_scopes(
     tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping[str, Any]] | None
 ) -> Iterator[Scope]:
@@ -184,9 +238,10 @@ def _option_scopes(
             continue
         top = tuple(dict.fromkeys(k.split(".")[0] for k in o.keys))
         passed = frozenset(_split(k) for k in o.keys)
+        defaults = field_defaults(tree, cls, set(top))
         for fn, roots, attrs in _class_functions(tree, cls, top, 0):
             yield Scope(f"{o.option} option", cls.module, fn, roots, attrs, passed,
-                        options.get(o.option, {}), prefix=(o.option,))  # fmt: skip
+                        options.get(o.option, {}), prefix=(o.option,), defaults=defaults)  # fmt: skip
 
 
 def _flatten(config: Any, prefix: Path = ()) -> dict[Path, tuple[Any, ...]]:
