@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -353,3 +355,74 @@ def test_a_check_on_a_feature_we_leave_off_is_decided_by_its_default(tmp_path):
     # the class sets the field itself: its value is not known, the warning stays
     (p,) = _new(_edited_release(tmp_path, "set", _unused_feature(True)), _spec_contract())
     assert p.severity == "warning", p
+
+
+# ---------------------------------------------------------------------------------------------
+# item 5: the wheel cache is keyed by content
+# ---------------------------------------------------------------------------------------------
+PAIR = Path(__file__).parent / "engine_pair"
+
+
+def _fake_wheel(path: Path, source: Path, marker: str = "") -> Path:
+    """A fakeengine 2.0 wheel at ``path`` from ``source``; ``marker`` is added to its __init__ (an edit)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for f in (source / "fakeengine").rglob("*.py"):
+            text = f.read_text() + (f"\nEDIT = {marker!r}\n" if marker and f.name == "__init__.py" else "")
+            z.writestr(f.relative_to(source).as_posix(), text)
+        z.writestr("fakeengine-2.0.dist-info/METADATA", "Name: fakeengine\nVersion: 2.0\n\n")
+    return path
+
+
+def _edit_of(root: Path) -> str:
+    text = (root / "fakeengine" / "__init__.py").read_text()
+    return text.split("EDIT = ")[1].strip() if "EDIT = " in text else ""
+
+
+def test_two_edited_wheels_of_one_name_never_mix_nor_pass_for_the_release(tmp_path, monkeypatch):
+    from specdraft.doctor.release import wheel as release
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    name = "fakeengine-2.0-py3-none-any.whl"
+    a = release.locate(str(_fake_wheel(tmp_path / "a" / name, PAIR / "v1", "A")), "fakeengine")
+    b = release.locate(str(_fake_wheel(tmp_path / "b" / name, PAIR / "v1", "B")), "fakeengine")
+    assert (_edit_of(a.root), _edit_of(b.root)) == ("'A'", "'B'") and a.root != b.root
+    # an edited wheel rewritten in place is read again
+    again = release.locate(str(_fake_wheel(tmp_path / "a" / name, PAIR / "v1", "A2")), "fakeengine")
+    assert _edit_of(again.root) == "'A2'"
+    # the published release after them: its own files, not an edit's
+    published = tmp_path / "index" / name
+
+    def offline(dist, version, dest):
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_fake_wheel(published, PAIR / "v2"), dest / name)
+        return dest / name, ""
+
+    rel = release.locate("fakeengine==2.0", "fakeengine", download=offline)
+    assert _edit_of(rel.root) == "" and rel.root not in (a.root, b.root, again.root)
+    assert (rel.root / "fakeengine" / "__init__.py").read_text() == (
+        PAIR / "v2" / "fakeengine" / "__init__.py"
+    ).read_text()
+
+
+def test_a_cached_release_wheel_whose_bytes_changed_is_fetched_again(tmp_path, monkeypatch):
+    """pip_download reuses a wheel in the download folder only while its bytes are the ones pip fetched."""
+    from specdraft.doctor.release import wheel as release
+
+    dest = tmp_path / "wheels"
+    name = "fakeengine-2.0-py3-none-any.whl"
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        _fake_wheel(dest / name, PAIR / "v2")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(release.subprocess, "run", fake_pip)
+    monkeypatch.setattr(release, "_registry_sha256", lambda *a: None)
+    whl, _ = release.pip_download("fakeengine", "2.0", dest)
+    assert len(calls) == 1 and (dest / (name + ".sha256")).is_file()
+    assert release.pip_download("fakeengine", "2.0", dest)[0] == whl and len(calls) == 1  # reused
+    _fake_wheel(dest / name, PAIR / "v1", "edited")  # an edit dropped under the release's name
+    whl, _ = release.pip_download("fakeengine", "2.0", dest)
+    assert len(calls) == 2 and "EDIT" not in zipfile.ZipFile(whl).read("fakeengine/__init__.py").decode()

@@ -16,6 +16,7 @@ release would replace them.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -35,6 +36,7 @@ __all__ = [
     "Release",
     "cache_dir",
     "flavours",
+    "local_wheel_dir",
     "locate",
     "read_metadata",
     "requirement_problems",
@@ -128,31 +130,94 @@ def _metadata_file(root: Path, engine: str) -> Path | None:
     return hits[0] if hits else None
 
 
-def unpack_wheel(wheel: Path, dest: Path) -> Path:
-    """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once (``.complete`` names it)."""
-    marker = dest / ".complete"
-    if marker.exists() and marker.read_text().strip() == wheel.name:
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _marker(dest: Path) -> tuple[str, str]:
+    """(wheel name, its SHA-256) recorded in ``dest/.complete``; ('', '') without one."""
+    try:
+        lines = (dest / ".complete").read_text().split()
+    except OSError:
+        return "", ""
+    return (lines[0] if lines else ""), (lines[1] if len(lines) > 1 else "")
+
+
+def unpack_wheel(wheel: Path, dest: Path, sha: str = "") -> Path:
+    """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once; ``.complete`` records its name
+    and the SHA-256 of its bytes. A directory holding another wheel's files (another hash, or none recorded)
+    is emptied first: two wheels never mix."""
+    sha = sha or sha256_of(wheel)
+    if _marker(dest) == (wheel.name, sha):
         return dest
+    if dest.exists():
+        shutil.rmtree(dest)
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z:
         for n in z.namelist():
             if n.endswith(".py") or n.endswith(".dist-info/METADATA"):
                 z.extract(n, dest)
-    marker.write_text(wheel.name)
+    (dest / ".complete").write_text(f"{wheel.name}\n{sha}\n")
     return dest
 
 
+def local_wheel_dir(wheel: Path) -> tuple[Path, str]:
+    """Where a local wheel (not downloaded by doctor) is unpacked, and its SHA-256: keyed by the hash of its
+    bytes under ``engines/local/``, apart from the published releases (an edited wheel keeps the name of the
+    release it was made from)."""
+    sha = sha256_of(wheel)
+    dist, version = wheel.name.split("-")[:2]
+    return cache_dir() / "local" / f"{canon(dist)}=={version}-{sha[:16]}", sha
+
+
+def _registry_sha256(dist: str, version: str, filename: str) -> str | None:
+    """The SHA-256 PyPI publishes for ``filename`` of ``dist==version``; None when it cannot be asked."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{dist}/{version}/json", timeout=10) as r:
+            data = json.load(r)
+    except (OSError, ValueError):
+        return None
+    return next((u["digests"]["sha256"] for u in data.get("urls", []) if u.get("filename") == filename), None)
+
+
+def _published(wheel: Path, dist: str, version: str) -> bool:
+    """Whether ``wheel``'s bytes are the release's: the hash recorded when pip downloaded it (pip checks the
+    index's hash), else the registry's hash, asked once and recorded; True when neither can be had."""
+    side = wheel.with_name(wheel.name + ".sha256")
+    sha = sha256_of(wheel)
+    if side.is_file():
+        return side.read_text().strip() == sha
+    want = _registry_sha256(dist, version, wheel.name)
+    if want is not None and want != sha:
+        return False
+    if want is not None:
+        side.write_text(want)
+    return True
+
+
 def pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str]:
-    """The wheel of ``dist==version``: one already in ``dest``, else ``pip download --no-deps`` into it."""
+    """The wheel of ``dist==version``: one already in ``dest`` whose bytes are the published ones (else it is
+    removed), or ``pip download --no-deps`` into it (its hash recorded beside it)."""
     norm = canon(dist).replace("-", "_")
     found = sorted(dest.glob(f"{norm}-{version}-*.whl"))
-    if found:
+    if found and _published(found[-1], dist, version):
         return found[-1], ""
+    for stale in found:
+        stale.unlink()
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), f"{dist}=={version}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob(f"{norm}-{version}-*.whl"))
     if found:
+        found[-1].with_name(found[-1].name + ".sha256").write_text(sha256_of(found[-1]))
         return found[-1], ""
     tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"pip exited {r.returncode}"]
     return None, f"{dist}=={version}: {tail[0]}"
@@ -164,13 +229,18 @@ Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
 def cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
     """(unpacked dir, wheel name, error) of ``dist==version``, keyed by package and version."""
     dest = cache_dir() / f"{canon(dist)}=={version}"
-    marker = dest / ".complete"
-    if marker.exists():
+    wheel_name, sha = _marker(dest)
+    if (
+        sha
+    ):  # unpacked from a downloaded wheel (a marker without a hash: an older cache, maybe a local wheel's)
         meta = _metadata_file(dest, dist)
         name = read_metadata(meta).get("Name", [""])[0] if meta else ""
         if canon(name) == canon(dist):
-            return dest, marker.read_text().strip(), ""
-        shutil.rmtree(dest)  # another package's files under this key (an older cache): never trust them
+            return dest, wheel_name, ""
+    if dest.exists():
+        shutil.rmtree(
+            dest
+        )  # another package's or an unverified wheel's files under this key: never trust them
     wheel, err = download(dist, version, cache_dir() / "wheels")
     if wheel is None:
         return dest, "", err
@@ -224,8 +294,8 @@ def locate(against: str, engine: str = "vllm", download: Downloader | None = Non
         path = Path(against).expanduser()
         if path.is_file() and path.suffix == ".whl":
             wheel = path.name
-            parts = path.stem.split("-")
-            path = unpack_wheel(path, cache_dir() / f"{canon(parts[0])}=={parts[1]}")
+            dest, sha = local_wheel_dir(path)
+            path = unpack_wheel(path, dest, sha)
     for root in (path, path / "src", path.parent):
         if (root / engine / "__init__.py").is_file():
             meta = _metadata_file(root, engine)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from specdraft.doctor.release.wheel import (
     Downloader,
-    cache_dir,
     cached,
-    canon,
+    local_wheel_dir,
     pip_download,
     read_metadata,
     unpack_wheel,
@@ -167,7 +166,7 @@ def locate_package(spec: str, download: Downloader | None = None) -> ScanTarget:
         target = ScanTarget(root, tops, name or path.resolve().name, version, tilde(path.resolve()))
     elif path.is_file() and path.suffix == ".whl":
         dist, version = path.name.split("-")[:2]
-        root = unpack_wheel(path, cache_dir() / f"{canon(dist)}=={version}")
+        root = unpack_wheel(path, *local_wheel_dir(path))
         name, meta_version = _metadata_of(root)
         target = ScanTarget(root, _wheel_tops(root), name or dist, meta_version or version, path.name)
     elif "==" in spec:
