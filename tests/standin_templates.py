@@ -1,7 +1,8 @@
-"""Stand-in chat templates of three reasoning/tool-calling families, written in this project (not copied).
+"""Stand-in chat templates of four reasoning/tool-calling families, written in this project (not copied).
 
 ``tests/templates/*.jinja`` behave like Qwen3's hybrid thinking (``hybrid_thinking``), DeepSeek-R1
-(``deepseek_r1``) and Kimi-K2-Thinking (``kimi_k2_thinking``); tests/templates/README.md says what each
+(``deepseek_r1``), Kimi-K2-Thinking (``kimi_k2_thinking``, with K2.5's ``thinking`` switch) and Llama-3.1 with
+tools (``llama31_tools``); tests/templates/README.md says what each
 was learned from and how it treats reasoning, tools, the generation prompt and the end of a turn.
 ``standin_tokenizer(name)`` gives the tiny offline tokenizer of tests/conftest.py with that template and
 each of its special markers as one token.
@@ -18,6 +19,7 @@ TEMPLATES: dict[str, Path] = {
     "hybrid_thinking": HERE / "hybrid_thinking.jinja",
     "deepseek_r1": HERE / "deepseek_r1.jinja",
     "kimi_k2_thinking": HERE / "kimi_k2_thinking.jinja",
+    "llama31_tools": HERE / "llama31_tools.jinja",
 }
 SPECIAL_TOKENS: dict[str, list[str]] = {
     "hybrid_thinking": [
@@ -61,9 +63,11 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "<|tool_call_argument_begin|>",
         "<|tool_call_end|>",
     ],
+    "llama31_tools": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 # bos/eos as the real tokenizers set them (the others keep conftest's eos <|im_end|>, which is their end of turn)
-_BOS_EOS = {"deepseek_r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}}
+_BOS_EOS = {"deepseek_r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+            "llama31_tools": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}  # fmt: skip
 
 
 def standin_tokenizer(name: str):

@@ -3,6 +3,8 @@ token by token, worked out by hand from the renderings pinned in tests/test_stan
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import CHATML, build_tokenizer
 from standin_templates import standin_tokenizer
@@ -50,6 +52,12 @@ EXPECTED = {
 }
 
 
+def _args_as_text(messages: list[dict]) -> list[dict]:
+    """The messages with each tool call's arguments as JSON text (what R1's template concatenates)."""
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                                 for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]  # fmt: skip
+
+
 def _scored(tok, sample) -> str:
     return tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
 
@@ -62,7 +70,8 @@ def test_each_turn_scored_after_its_own_prompt(family):
     samples = conversation_samples(tok, conv)
     assert [_scored(tok, s) for s in samples] == EXPECTED[family]  # one sample per turn: history is rewritten
     for k, (i, s) in enumerate(zip((1, 3, 5), samples)):
-        prompt = tok.apply_chat_template(conv.messages[:i], tools=TOOLS, add_generation_prompt=True, tokenize=True,
+        msgs = _args_as_text(conv.messages) if family == "deepseek_r1" else conv.messages  # R1 concatenates
+        prompt = tok.apply_chat_template(msgs[:i], tools=TOOLS, add_generation_prompt=True, tokenize=True,
                                          return_dict=True)["input_ids"]  # fmt: skip
         # token for token: the prompt the template builds to generate turn k, then that turn's tokens
         assert s.input_ids[: len(prompt)] == list(prompt), (family, k)

@@ -6,6 +6,7 @@ Expected renderings are written out by hand from tests/templates/README.md, not 
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 from standin_templates import SPECIAL_TOKENS, TEMPLATES, standin_tokenizer
@@ -54,7 +55,15 @@ def _tok(name: str):
 
 
 def render(name: str, messages: list[dict], gen: bool = False, **kwargs) -> str:
+    if name == "deepseek_r1":  # R1's template concatenates the arguments: it takes them as JSON text
+        messages = args_as_text(messages)
     return _tok(name).apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs)
+
+
+def args_as_text(messages: list[dict]) -> list[dict]:
+    """The messages with each tool call's arguments as JSON text."""
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                                 for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -274,5 +283,6 @@ def test_special_markers_are_one_token_each(name):
     for marker in SPECIAL_TOKENS[name]:
         ids = tok(marker, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids) == [marker], marker
-    ids = tok.apply_chat_template(TOOL_CHAT, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
+    msgs = args_as_text(TOOL_CHAT) if name == "deepseek_r1" else TOOL_CHAT
+    ids = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
     assert tok.decode(ids) == render(name, TOOL_CHAT, tools=TOOLS)

@@ -10,8 +10,8 @@ renderings, never where token sequences diverge:
   `upto` past the history (or, when the template re-renders earlier turns once this one follows, as Kimi-K2
   does for a final answer, past the last occurrence of the prompt's header) and must start with that prompt.
   A prompt tail the turn's rendering lacks is accepted only when it opens a think block (DeepSeek-R1's
-  convention); any other means no prompt leads to the turn (thinking switched off, reasoning in the data):
-  the conversation is dropped.
+  convention); any other means no prompt leads to the turn: the conversation is dropped. So is a turn with
+  reasoning after a prompt that closes an empty think block (thinking switched off, reasoning in the data).
 
 Reasoning, never in a form the template does not give: rendered by the template (the turn shows it); else,
 when the prompt opens a think block, the reasoning then the closing tag (the template's own, else R1's
@@ -25,10 +25,12 @@ message; a template that cannot take tool-call arguments as objects gets them as
 
 Samples: when every turn is the template's own rendering and every `before` + turn is a prefix of the whole
 conversation's rendering (a stable template), the conversation is one sample: that rendering tokenized once,
-each turn's span mapped through the fast tokenizer's offsets. The straddle rule: a token belongs to the span
-of its first character, so a token that starts before a turn and ends inside it is not scored, and one that
-starts inside a turn and ends past it is. Otherwise one sample per assistant turn: `before` tokenized alone
-(as the serving engine tokenizes the prompt) followed by the turn's text tokenized alone, that part scored.
+each turn's span mapped through the fast tokenizer's offsets. The straddle rule: no token of a one-sample
+conversation may straddle a turn's edge (start before it and end after it, as `|><` does when markers are
+ordinary text); a conversation where one does is made per turn instead, where no token can. (Within a turn, a
+token belongs to the kind of its first character.) Otherwise one sample per assistant turn: `before`
+tokenized alone (as the serving engine tokenizes the prompt) followed by the turn's text tokenized alone, that
+part scored.
 
 The self-check (`_check_turn`, `_check_whole`): before a sample is kept it is decoded and compared, as text,
 with the template's renderings: the prompt part with `before` (or the whole sample with the conversation's
@@ -43,6 +45,7 @@ token counts with the turn's last part.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field, replace
 
@@ -65,6 +68,7 @@ _CLOSE_THINK = re.compile(r"\s*</think>\s*")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_THINK = re.compile(r"<think>\s*$")
+_THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 
 
@@ -145,14 +149,16 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
              if m["role"] == "assistant"]  # fmt: skip
     said += [n for _, t in turns for n in t.notes]
     full = render(tokenizer, conv, len(conv.messages), False, kwargs)
-    if all(t.rendered and full.startswith(t.upto) for _, t in turns):  # stable: one sample
-        spans = [
+    if all(t.rendered and full.startswith(t.upto) for _, t in turns):  # stable: one sample, unless a token
+        spans = [  # straddles a turn's edge (then the prompt tokenized alone would not be its tokens here)
             _turn_kinds(conv.messages[i], full, len(t.before), len(t.before) + len(t.text)) for i, t in turns
         ]
         enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        sample = _sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)
-        _check_whole(tokenizer, full, sample, enc["offset_mapping"], [(s[0][0], s[-1][1]) for s in spans])
-        return _noted(notes, said, [sample])
+        edges = [(s[0][0], s[-1][1]) for s in spans]
+        if not _straddled(enc["offset_mapping"], [x for edge in edges for x in edge]):
+            sample = _sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)
+            _check_whole(tokenizer, full, sample, enc["offset_mapping"], edges)
+            return _noted(notes, said, [sample])
     out = []
     for i, t in turns:  # each turn after the prompt the template builds for it, tokenized alone, scored alone
         head = tokenizer(t.before, add_special_tokens=False)["input_ids"]
@@ -164,6 +170,16 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         _check_turn(tokenizer, t, sample, len(head))
         out.append(sample)
     return _noted(notes, said, out)
+
+
+def _straddled(offsets, points: list[int]) -> bool:
+    """Whether a token spans across one of the character positions `points` (starts before, ends after)."""
+    inside = sorted(points)
+    for s, e in offsets:
+        k = bisect.bisect_right(inside, s)
+        if k < len(inside) and inside[k] < e:
+            return True
+    return False
 
 
 def _noted(notes: list[str] | None, said: list[str], samples: list[Sample]) -> list[Sample]:
@@ -226,6 +242,10 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
     msg = conv.messages[i]
     reasoning = (msg.get("reasoning_content") or "").strip()
     before, upto = render(tokenizer, conv, i, True, kwargs), render(tokenizer, conv, i + 1, False, kwargs)
+    if reasoning and _THINKING_OFF.search(
+        before
+    ):  # the prompt switched thinking off: no reasoning follows it
+        raise Dropped(NO_PROMPT)
     if upto.startswith(before):
         raw, extra = upto[len(before) :], ""
     else:

@@ -1,0 +1,235 @@
+"""Every sample is what the target generates (issue 36): templates in the style of five families, each run with
+its markers as special tokens (the tiny tokenizer of conftest) and as ordinary text (the embedded default's
+tokenizer), over every data shape; each written sample decoded and compared, as text, with the template's own
+renderings, asserted here independently of specdraft's renderer.
+
+`python tests/test_exact_samples.py` prints the table: family x data shape -> samples kept, dropped (by reason),
+self-check mismatches.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import CHATML, build_tokenizer  # noqa: E402
+from standin_templates import TEMPLATES, standin_tokenizer  # noqa: E402
+
+from specdraft.data.messages import Dropped, normalize_record  # noqa: E402
+from specdraft.data.render import NO_PROMPT, conversation_samples, decode  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": {"type": "object"}}}
+         for n, d in (("get_weather", "Weather of a city."), ("get_time", "Local time of a city."))]  # fmt: skip
+
+
+def _call(i: int, name: str, city: str) -> dict:
+    return {"type": "function", "id": f"call_{i}", "function": {"name": name, "arguments": {"city": city}}}
+
+
+USER = {"role": "user", "content": "Hi, who are you?"}
+SHAPES = {
+    "reasoning fields, 2 turns": {"messages": [
+        {"role": "system", "content": "Be brief."}, USER,
+        {"role": "assistant", "content": "I am a helper.", "reasoning_content": "Introduce myself."},
+        {"role": "user", "content": "Name a color."},
+        {"role": "assistant", "content": "Blue.", "reasoning_content": "Pick one\nquickly."}]},
+    "inline reasoning, 2 turns": {"messages": [
+        USER, {"role": "assistant", "content": "<think>\nIntroduce myself.\n</think>\n\nI am a helper."},
+        {"role": "user", "content": "Name a color."},
+        {"role": "assistant", "content": "<think>Pick one.</think>Blue."}]},
+    "tool call + result": {"tools": TOOLS, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Need the tool.",
+         "tool_calls": [_call(0, "get_weather", "Paris")]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "get_weather", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny.", "reasoning_content": "The tool says sunny."}]},
+    "parallel calls + results": {"tools": TOOLS, "messages": [
+        {"role": "user", "content": "Weather and time in Rome?"},
+        {"role": "assistant", "content": "Checking both.", "reasoning_content": "Two tools.",
+         "tool_calls": [_call(0, "get_weather", "Rome"), _call(1, "get_time", "Rome")]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "get_weather", "content": "rain"},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_time", "content": "noon"},
+        {"role": "assistant", "content": "Rain at noon.", "reasoning_content": "Both came back."},
+        {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "You are welcome."}]},
+    "no reasoning, 2 turns": {"messages": [
+        {"role": "system", "content": "Be brief."}, USER, {"role": "assistant", "content": "A helper."},
+        {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye!"}]},
+    "Hermes inline calls": {"conversations": [
+        {"from": "human", "value": "Weather in Oslo?"},
+        {"from": "gpt", "value": 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+                                 "\n</tool_call>"},
+        {"from": "tool", "value": "<tool_response>\nsnow\n</tool_response>"},
+        {"from": "gpt", "value": "Snow in Oslo."}]},
+}  # fmt: skip
+#: (family, template kwargs): the four families of the issue (two with thinking on and off) and ChatML
+CONFIGS = [("deepseek_r1", {}), ("llama31_tools", {}), ("kimi_k2_thinking", {}),
+           ("kimi_k2_thinking", {"thinking": False}), ("hybrid_thinking", {}),
+           ("hybrid_thinking", {"enable_thinking": False}), ("chatml", {})]  # fmt: skip
+THINKING_OFF = [c for c in CONFIGS if False in c[1].values()]
+
+
+def _template(family: str) -> str:
+    return CHATML if family == "chatml" else TEMPLATES[family].read_text()
+
+
+@functools.cache
+def _embedded():
+    from specdraft.targets import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+def tokenizer(family: str, markers: str):
+    """The family's template on a tokenizer where its markers are special tokens, or ordinary text."""
+    if markers == "special":
+        return build_tokenizer(CHATML) if family == "chatml" else standin_tokenizer(family)
+    tok = _embedded()
+    tok.chat_template = _template(family)
+    return tok
+
+
+def tpl(tok, messages, tools, gen: bool, kwargs: dict) -> str:
+    """The template's own rendering (tool-call arguments as JSON text when it fails on objects, as R1's does)."""
+    try:
+        return tok.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs
+        )
+    except TypeError:
+        text = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+                    c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
+                for m in messages]  # fmt: skip
+        return tok.apply_chat_template(text, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs)
+
+
+def _no_think(text: str) -> str:
+    """The text without think blocks (open or empty), to compare a turn with its reasoning-free rendering."""
+    return re.sub(r"<think>.*?</think>\s*", "", text, flags=re.S)
+
+
+def _bare(msg: dict, conv, i: int, as_given: bool) -> dict:
+    """The turn without its reasoning field; with `as_given`, inline reasoning stays in the content as given."""
+    bare = {k: v for k, v in msg.items() if k != "reasoning_content"}
+    return {**bare, "content": conv.inline_reasoning[i]} if as_given and i in conv.inline_reasoning else bare
+
+
+def check_samples(tok, conv, samples, kwargs: dict, renders_reasoning: bool = True) -> None:
+    """Assert, from the template's own renderings alone, that every sample is what the target generates.
+
+    `renders_reasoning`: the template gives reasoning a form; when it does not, the messages it renders are
+    the data's without reasoning fields, inline reasoning in the content as given."""
+    tools = conv.tools
+    msgs = (
+        conv.messages if renders_reasoning else [_bare(m, conv, i, True) for i, m in enumerate(conv.messages)]
+    )
+    turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    full = tpl(tok, msgs, tools, False, kwargs)
+    if len(samples) == 1 and decode(tok, samples[0].input_ids) == full:  # one sample: the whole rendering
+        (s,) = samples
+        runs = [m.span() for m in re.finditer("1+", "".join(map(str, s.loss_mask)))]
+        assert len(runs) == len(turns)
+        for (a, b), i in zip(runs, turns):
+            prompt = tpl(tok, msgs[:i], tools, True, kwargs)
+            turn = tpl(tok, msgs[: i + 1], tools, False, kwargs)[len(prompt) :].rstrip()
+            assert decode(tok, s.input_ids[:a]).startswith(prompt)
+            assert decode(tok, s.input_ids[a:b]) == turn, (i, decode(tok, s.input_ids[a:b]), turn)
+        return
+    assert len(samples) == len(turns)
+    for s, i in zip(samples, turns):
+        n = s.loss_mask.index(1)
+        assert s.loss_mask == [0] * n + [1] * (len(s.loss_mask) - n)
+        prompt, scored = decode(tok, s.input_ids[:n]), decode(tok, s.input_ids[n:])
+        assert prompt == tpl(
+            tok, msgs[:i], tools, True, kwargs
+        )  # the prompt exactly as the engine renders it
+        # the turn is the template's rendering of it, apart from the reasoning it was given
+        bare = tpl(
+            tok, msgs[:i] + [_bare(msgs[i], conv, i, not renders_reasoning)], tools, False, kwargs
+        ).rstrip()
+        assert _no_think(prompt + scored) == _no_think(bare), (prompt + scored, bare)
+        assert not re.search(r"<think>.*<think>", prompt[-12:] + scored, re.S)  # no think block opened twice
+        for call in msgs[i].get("tool_calls") or []:
+            assert call["function"]["name"] in scored
+
+
+def run(family: str, kwargs: dict, markers: str, shape: str) -> tuple[int, str]:
+    """(samples kept, the drop reason or '') of one data shape, every kept sample checked."""
+    tok = tokenizer(family, markers)
+    conv, why = normalize_record(SHAPES[shape])
+    assert why is None, why
+    try:
+        samples = conversation_samples(tok, conv, kwargs, template=f"the {family} template")
+    except Dropped as e:
+        return 0, str(e)
+    check_samples(tok, conv, samples, kwargs, renders_reasoning=family not in ("llama31_tools", "chatml"))
+    return len(samples), ""
+
+
+def expected_drop(family: str, kwargs: dict, shape: str) -> str:
+    """The reason each family gives for a shape it cannot train as its target writes it ('' = kept)."""
+    has_reasoning = shape.startswith(("reasoning", "inline", "tool call", "parallel"))
+    if (family, kwargs) in THINKING_OFF and has_reasoning:
+        return NO_PROMPT
+    if family == "llama31_tools" and shape == "parallel calls + results":
+        return "chat template error: This template takes one tool call per assistant turn."
+    if family == "chatml" and shape in (
+        "tool call + result",
+        "parallel calls + results",
+        "Hermes inline calls",
+    ):
+        return "the chatml template renders no tool calls"
+    return ""
+
+
+@pytest.mark.parametrize("markers", ["special", "text"])
+@pytest.mark.parametrize("family, kwargs", CONFIGS, ids=[f"{f}{'-off' if k else ''}" for f, k in CONFIGS])
+def test_every_sample_is_the_templates_rendering(family, kwargs, markers):
+    for shape in SHAPES:
+        kept, why = run(family, kwargs, markers, shape)
+        want = expected_drop(family, kwargs, shape)
+        assert why.startswith(want) if want else why == "", (shape, why)
+        assert kept or want, shape
+        assert not why.startswith("self-check"), (shape, why)
+
+
+@pytest.mark.parametrize("family", ["deepseek_r1", "kimi_k2_thinking", "hybrid_thinking"])
+def test_no_character_lost_or_doubled_at_the_boundary_with_markers_as_text(family):
+    """Issue item 1: on a tokenizer where `<think>` is ordinary text, the turn after its prompt is exact."""
+    tok = tokenizer(family, "text")
+    conv, _ = normalize_record(SHAPES["reasoning fields, 2 turns"])
+    samples = conversation_samples(tok, conv)
+    scored = [decode(tok, [t for t, m in zip(s.input_ids, s.loss_mask) if m]) for s in samples]
+    want = {
+        "deepseek_r1": ["Introduce myself.\n</think>\n\nI am a helper.<｜end▁of▁sentence｜>",
+                        "Pick one\nquickly.\n</think>\n\nBlue.<｜end▁of▁sentence｜>"],
+        "kimi_k2_thinking": ["<think>Introduce myself.</think>I am a helper.<|im_end|>",
+                             "<think>Pick one\nquickly.</think>Blue.<|im_end|>"],
+        "hybrid_thinking": ["<think>\nIntroduce myself.\n</think>\n\nI am a helper.<|im_end|>",
+                            "<think>\nPick one\nquickly.\n</think>\n\nBlue.<|im_end|>"],
+    }  # fmt: skip
+    assert scored == want[family]
+
+
+def table() -> list[tuple[str, str, str, int, str]]:
+    rows = []
+    for family, kwargs in CONFIGS:
+        for markers in ("special", "text"):
+            for shape in SHAPES:
+                kept, why = run(family, kwargs, markers, shape)
+                name = family + ("" if not kwargs else f" {json.dumps(kwargs)}")
+                rows.append((name, markers, shape, kept, why))
+    return rows
+
+
+if __name__ == "__main__":
+    print("| template | markers | data shape | samples kept | dropped (reason) | self-check mismatches |")
+    print("|---|---|---|---|---|---|")
+    for name, markers, shape, kept, why in table():
+        print(
+            f"| {name} | {markers} | {shape} | {kept} | {why[:70] or '-'} | {int(why.startswith('self-check'))} |"
+        )
