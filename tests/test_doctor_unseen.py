@@ -426,3 +426,91 @@ def test_a_cached_release_wheel_whose_bytes_changed_is_fetched_again(tmp_path, m
     _fake_wheel(dest / name, PAIR / "v1", "edited")  # an edit dropped under the release's name
     whl, _ = release.pip_download("fakeengine", "2.0", dest)
     assert len(calls) == 2 and "EDIT" not in zipfile.ZipFile(whl).read("fakeengine/__init__.py").decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# item 7: method binding as Python does it (staticmethod, classmethod, isinstance narrowing, several bases)
+# ---------------------------------------------------------------------------------------------
+_ENGINE7 = {
+    "eng7/__init__.py": "",
+    "eng7/config.py": """
+        class VllmConfig:
+            def __init__(self):
+                self.block_size = 16
+
+        class KVCacheConfig:
+            def __init__(self):
+                self.kv_cache_groups = []
+    """,
+    "eng7/base.py": """
+        class KVConnectorMetadata:
+            pass
+
+        class SupportsHMA:
+            def request_finished_all_groups(self):
+                return None
+
+        class KVConnectorBase:
+            def __init__(self, vllm_config):
+                self._vllm_config = vllm_config
+
+            def _get_connector_metadata(self) -> KVConnectorMetadata:
+                return KVConnectorMetadata()
+    """,
+}
+
+_CONSUMER7 = {
+    "cons7/__init__.py": "",
+    "cons7/conn.py": """
+        from eng7.base import KVConnectorBase, KVConnectorMetadata, SupportsHMA
+        from eng7.config import KVCacheConfig, VllmConfig
+
+
+        class MyMeta(KVConnectorMetadata):
+            def __init__(self):
+                self.pending_saves = []
+
+
+        class Conn(KVConnectorBase, SupportsHMA):
+            @staticmethod
+            def _block_size(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None, gid: int) -> int:
+                if kv_cache_config is None:
+                    return vllm_config.block_size
+                return kv_cache_config.kv_cache_groups[gid]
+
+            @classmethod
+            def _groups(cls, kv_cache_config: KVCacheConfig | None, vllm_config: VllmConfig):
+                return kv_cache_config.kv_cache_groups, vllm_config.block_size
+
+            def start(self, vllm_config: VllmConfig, kv: KVCacheConfig):
+                a = self._block_size(vllm_config, kv, 0)
+                b = Conn._block_size(vllm_config, kv, 1)
+                c = self._groups(kv, vllm_config)
+                d = Conn._groups(kv, vllm_config)
+                return a, b, c, d, vllm_config.no_such_field
+
+            def finished(self):
+                meta = self._get_connector_metadata()
+                if isinstance(meta, MyMeta):
+                    for p in meta.pending_saves:
+                        print(p)
+                self.request_finished_all_groups()
+                return self._vllm_config
+    """,
+}
+
+
+def test_binding_as_python_does_it(tmp_path):
+    """A staticmethod through `self` or the class, a classmethod either way, a name read under
+    `isinstance(x, OwnSubclass)`, members of either base: no break. A name the engine lacks still is one."""
+    from specdraft.doctor.scan.report import run_scan
+
+    engine = _write(tmp_path / "engine", _ENGINE7)
+    consumer = _write(tmp_path / "consumer", _CONSUMER7)
+    report = run_scan(str(consumer / "cons7"), against=str(engine), quiet=True)
+    found = {(p.severity, p.subject.rsplit(":", 1)[-1], p.message.split(" (")[0]) for p in report.problems}
+    line = next(
+        i for i, t in enumerate((consumer / "cons7/conn.py").read_text().splitlines(), 1) if "no_such" in t
+    )
+    assert found == {("break", str(line), "VllmConfig has no attribute 'no_such_field'")}, found
+    assert report.exit_code == 1

@@ -178,7 +178,7 @@ class Checker:
         for cls in recv.finds:
             state = self._has(cls, name)
             (have if state is True else lack if state is False else unsure).append(cls)
-        if have and not lack:
+        if have and (not lack or recv.combined):  # a subclass of several: a name on any of them is there
             return Finding("ok", s, "resolves")
         if recv.partial and not have:
             return Finding("unchecked", s, f"{name!r} is not on {_names(lack)}; the value may also be of a type "

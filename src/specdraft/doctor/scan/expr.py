@@ -133,10 +133,15 @@ class ExprMixin:
         if recv.kind in ("linst", "lclass"):
             v = self.local_member(recv.ref, attr)
             if v is not None:
-                return v
+                # a method taken from the class (``Cls.meth``) is called with its ``self`` passed
+                return (
+                    Val("lfunc", ref=v.ref, via_class=True)
+                    if v.kind == "lfunc" and recv.kind == "lclass"
+                    else v
+                )
             bases = recv.ref.engine_bases()
             if bases:
-                ev = Val("einst" if recv.kind == "linst" else "eclass", bases)
+                ev = Val("einst" if recv.kind == "linst" else "eclass", bases, combined=True)
                 self.site("attr", node, scope, recv=ev, name=attr, tolerant=tolerant)
                 return engine_attr(self.tree, ev, attr)
             return UNKNOWN
@@ -263,7 +268,7 @@ class ExprMixin:
             return self.construct(fv.ref, node, args, kws, scope)
         if fv.kind == "lfunc":
             fn: LocalFunc = fv.ref
-            self.pass_args(fn, node, args, kws, skip_first=fn.cls is not None and not fv.via_class)
+            self.pass_args(fn, node, args, kws, skip_first=_bound_first(fn, fv.via_class))
             return fn.returns
         if fv.kind == "ext":
             return self.external_call(fv, args)
@@ -320,7 +325,7 @@ class ExprMixin:
                 return UNKNOWN
             bases = cls.engine_bases()
             if bases:
-                return Val("einst", bases)
+                return Val("einst", bases, combined=True)
             local = next((b for b in cls.bases if b.kind == "lclass"), None)
             return Val("linst", ref=local.ref) if local is not None else UNKNOWN
         if name == "getattr" and len(node.args) >= 2:
@@ -328,6 +333,17 @@ class ExprMixin:
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
                 return self.attr_of(args[0], key.value, node, scope, tolerant=len(node.args) >= 3)
         return UNKNOWN
+
+
+def _bound_first(fn: LocalFunc | None, via_class: bool) -> bool:
+    """Whether Python fills ``fn``'s first parameter itself: a method's ``self`` through an instance, a
+    classmethod's ``cls`` either way; never a staticmethod's or a plain function's."""
+    if fn is None or fn.cls is None:
+        return False
+    decos = {_last(d) for d in fn.node.decorator_list}
+    if "staticmethod" in decos:
+        return False
+    return "classmethod" in decos or not via_class
 
 
 def _shape(node: ast.Call) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class Val:
     ref: Any = None
     via_class: bool = False  # a method taken from its class (``Cls.meth(obj, ...)``: ``self`` is passed)
     partial: bool = False  # annotated with a union: the value may also be something outside the engine
+    combined: bool = (
+        False  # an instance of every class in ``finds`` at once (a subclass of each: a name on any)
+    )
 
     @property
     def engine(self) -> bool:

@@ -13,8 +13,9 @@ pass records :class:`~specdraft.doctor.scan.values.Site` objects for :mod:`specd
 from __future__ import annotations
 
 import ast
+import contextlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from specdraft.doctor.scan.expr import ExprMixin
 from specdraft.doctor.scan.source import ScanTarget
@@ -194,7 +195,9 @@ class Walker(ExprMixin):
         elif isinstance(s, ast.If):
             self.ev(s.test, scope)
             checked = _hasattr_checks(s.test)
-            self.block(s.body, scope.variant(guards=scope.guards | checked) if checked else scope)
+            body = scope.variant(guards=scope.guards | checked) if checked else scope
+            with self.narrowed(s.test, scope):
+                self.block(s.body, body)
             self.block(s.orelse, scope)
         elif isinstance(s, ast.Match):
             self.ev(s.subject, scope)
@@ -210,6 +213,30 @@ class Walker(ExprMixin):
                     for v in value:
                         if isinstance(v, ast.expr):
                             self.ev(v, scope)
+
+    @contextlib.contextmanager
+    def narrowed(self, test: ast.expr, scope: Scope) -> Iterator[None]:
+        """Inside ``if isinstance(x, C):`` (``and`` parts too), the name ``x`` is an instance of ``C`` (a class of
+        the package or of the engine): its members are looked up there, not on what ``x`` was declared as.
+        Afterwards ``x`` is what it was, unless the block bound it anew."""
+        narrow: dict[str, Val] = {}
+        for name, cls_node in _isinstance_checks(test):
+            cls = self.ev(cls_node, scope)
+            if cls.kind == "lclass":
+                narrow[name] = Val("linst", ref=cls.ref)
+            elif cls.kind == "eclass":
+                narrow[name] = Val("einst", cls.finds)
+        saved = {n: scope.vars[n] for n in narrow if n in scope.vars}
+        scope.vars.update(narrow)
+        try:
+            yield
+        finally:
+            for n, v in narrow.items():
+                if scope.vars.get(n) is v:
+                    if n in saved:
+                        scope.vars[n] = saved[n]
+                    else:
+                        del scope.vars[n]
 
     def tryblock(self, s: ast.Try, scope: Scope) -> None:
         """A ``try``: imports in its body are guarded when a handler catches ``ImportError``."""
@@ -410,6 +437,22 @@ def _hasattr_checks(test: ast.expr) -> frozenset[tuple[str, str]]:
     ):
         return frozenset({(ast.unparse(test.args[0]), test.args[1].value)})
     return frozenset()
+
+
+def _isinstance_checks(test: ast.expr) -> list[tuple[str, ast.expr]]:
+    """``(name, class)`` of each ``isinstance(name, Class)`` a condition requires (``and`` parts)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return [c for v in test.values for c in _isinstance_checks(v)]
+    if (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == "isinstance"
+        and len(test.args) == 2
+        and isinstance(test.args[0], ast.Name)
+        and not isinstance(test.args[1], ast.Tuple)
+    ):
+        return [(test.args[0].id, test.args[1])]
+    return []
 
 
 def _names(node: ast.AST | None) -> set[str]:
