@@ -22,7 +22,15 @@ from conftest import CHATML, build_tokenizer  # noqa: E402
 from standin_templates import TEMPLATES, standin_tokenizer  # noqa: E402
 
 from specdraft.data.messages import Dropped, normalize_record  # noqa: E402
-from specdraft.data.render import NO_PROMPT, conversation_samples, decode  # noqa: E402
+from specdraft.data.render import (  # noqa: E402
+    NO_PROMPT,
+    REASONING_LEFT_OUT,
+    _straddled,
+    choose_template,
+    conversation_samples,
+    decode,
+    template_identity,
+)
 
 TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": {"type": "object"}}}
          for n, d in (("get_weather", "Weather of a city."), ("get_time", "Local time of a city."))]  # fmt: skip
@@ -233,3 +241,132 @@ if __name__ == "__main__":
         print(
             f"| {name} | {markers} | {shape} | {kept} | {why[:70] or '-'} | {int(why.startswith('self-check'))} |"
         )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one test per item of issue 36 (item 1 above; 5 in test_sources, 6 in test_messages)
+# ---------------------------------------------------------------------------------------------------------
+def _scored(tok, samples) -> list[str]:
+    return [decode(tok, [t for t, m in zip(s.input_ids, s.loss_mask) if m]) for s in samples]
+
+
+def test_item2_a_template_without_reasoning_never_gets_an_invented_think_block():
+    tok = tokenizer("chatml", "special")
+    conv, _ = normalize_record(SHAPES["reasoning fields, 2 turns"])
+    notes: list[str] = []
+    assert _scored(tok, conversation_samples(tok, conv, notes=notes)) == [
+        "I am a helper.<|im_end|>Blue.<|im_end|>"
+    ]
+    assert notes == [REASONING_LEFT_OUT] * 2  # left out, and said
+    kept = conversation_samples(tok, conv, reasoning_format="think")  # the option that names the format
+    assert _scored(tok, kept) == ["<think>\nIntroduce myself.\n</think>\n\nI am a helper.<|im_end|>"
+                                  "<think>\nPick one\nquickly.\n</think>\n\nBlue.<|im_end|>"]  # fmt: skip
+    inline, _ = normalize_record(SHAPES["inline reasoning, 2 turns"])  # stays in the content as given
+    assert _scored(tok, conversation_samples(tok, inline)) == [
+        "<think>\nIntroduce myself.\n</think>\n\nI am a helper.<|im_end|><think>Pick one.</think>Blue.<|im_end|>"
+    ]
+    calls, _ = normalize_record(
+        SHAPES["tool call + result"]
+    )  # never an empty turn for a call it cannot write
+    with pytest.raises(Dropped, match="^the chatml template renders no tool calls"):
+        conversation_samples(tok, calls, template="the chatml template")
+
+
+@pytest.mark.parametrize("family, kwargs", THINKING_OFF)
+def test_item3_thinking_off_with_reasoning_in_the_data_is_dropped(family, kwargs):
+    tok = tokenizer(family, "text")
+    conv, _ = normalize_record(SHAPES["reasoning fields, 2 turns"])
+    with pytest.raises(Dropped, match="^no prompt leads to this turn"):
+        conversation_samples(tok, conv, kwargs)
+    plain, _ = normalize_record(
+        SHAPES["no reasoning, 2 turns"]
+    )  # without reasoning: kept, after the empty block
+    assert all(s.endswith(("A helper.<|im_end|>", "Bye!<|im_end|>")) for s in _scored(tok, conversation_samples(
+        tok, plain, kwargs)))  # fmt: skip
+
+
+def _write(tmp_path, name: str, rows: list) -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A target directory holding only the tiny tokenizer (prepare reads nothing else)."""
+    d = tmp_path_factory.mktemp("tok")
+    tok = build_tokenizer(CHATML)
+    tok.bos_token = "<|begin_of_text|>"  # Llama's and R1's templates render one
+    tok.save_pretrained(d)
+    return d
+
+
+def test_item4_template_errors_are_per_record(tmp_path, tokenizer_dir):
+    from specdraft.data.prepare import prepare
+
+    rows = [SHAPES["parallel calls + results"], SHAPES["tool call + result"], SHAPES["no reasoning, 2 turns"]]
+    data = _write(tmp_path, "d.jsonl", rows)
+    out = prepare(str(data), str(tmp_path / "ds"), target=str(tokenizer_dir),
+                  chat_template=str(TEMPLATES["llama31_tools"]))  # fmt: skip
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["num_conversations"] == 2
+    assert man["dropped"] == {"chat template error: This template takes one tool call per assistant turn.": {
+        "count": 1, "records": [0]}}  # fmt: skip
+    # R1 concatenates the arguments: they reach it as the data gave them (text), no traceback
+    out = prepare(str(data), str(tmp_path / "r1"), target=str(tokenizer_dir),
+                  chat_template=str(TEMPLATES["deepseek_r1"]))  # fmt: skip
+    assert json.loads((out / "manifest.json").read_text())["num_conversations"] == 3
+    with pytest.raises(ValueError, match=r"^--chat-template does not compile: .*\(template line 1\)"):
+        prepare(str(tmp_path / "never-read.jsonl"), str(tmp_path / "bad"), target=str(tokenizer_dir),
+                chat_template="{% for m in messages %}{{ m.content }")  # fmt: skip
+
+
+def test_reasoning_left_out_is_counted_and_said_with_the_option(tmp_path, tokenizer_dir, capsys):
+    from specdraft.data.prepare import prepare
+
+    data = _write(tmp_path, "d.jsonl", [SHAPES["reasoning fields, 2 turns"], SHAPES["no reasoning, 2 turns"]])
+    out = prepare(str(data), str(tmp_path / "ds"), target=str(tokenizer_dir))
+    man = json.loads((out / "manifest.json").read_text())
+    assert (
+        man["repaired"][REASONING_LEFT_OUT] == {"count": 1, "records": [0]} and man["reasoning_format"] == ""
+    )
+    assert "--reasoning-format think" in capsys.readouterr().out
+    out = prepare(str(data), str(tmp_path / "ds2"), target=str(tokenizer_dir), reasoning_format="think")
+    assert REASONING_LEFT_OUT not in json.loads((out / "manifest.json").read_text())["repaired"]
+
+
+def test_item7_one_template_one_identity_as_a_file_or_inline(tmp_path):
+    text = TEMPLATES["hybrid_thinking"].read_text()
+    assert text.endswith("\n")
+    ids = []
+    for given in (str(TEMPLATES["hybrid_thinking"]), text.rstrip("\n")):
+        tok = build_tokenizer(CHATML)
+        kwargs = choose_template(tok, given, '{"enable_thinking": false}')
+        ids.append(template_identity(tok, kwargs))
+    assert ids[0] == ids[1] and ids[0]["chat_template_sha256"]
+
+
+def test_the_self_check_drops_a_sample_that_does_not_decode_to_the_rendering():
+    from tokenizers import normalizers
+
+    tok = build_tokenizer(CHATML)
+    tok.backend_tokenizer.normalizer = normalizers.Lowercase()  # its tokens no longer spell the rendering
+    conv, _ = normalize_record(SHAPES["no reasoning, 2 turns"])
+    with pytest.raises(Dropped, match="^self-check: "):
+        conversation_samples(tok, conv)
+
+
+def test_straddle_rule_a_token_across_a_turn_edge_makes_the_conversation_per_turn():
+    """Kimi's `<|im_middle|><think>` on a tokenizer where the markers are text has a token `|><` across the
+    turn's start: the conversation is made per turn, the prompt tokenized alone; with the markers as special
+    tokens no token straddles, and it stays one sample."""
+    conv, _ = normalize_record(SHAPES["no reasoning, 2 turns"])
+    text = tokenizer("kimi_k2_thinking", "text")
+    assert _straddled(text(tpl(text, conv.messages, None, False, {}), return_offsets_mapping=True)["offset_mapping"],
+                      [len(tpl(text, conv.messages[:2], None, True, {}))])  # fmt: skip
+    assert _scored(text, conversation_samples(text, conv)) == ["<think></think>A helper.<|im_end|>",
+                                                               "<think></think>Bye!<|im_end|>"]  # fmt: skip
+    special = tokenizer("kimi_k2_thinking", "special")
+    assert _scored(special, conversation_samples(special, conv)) == [
+        "<think></think>A helper.<|im_end|><think></think>Bye!<|im_end|>"
+    ]

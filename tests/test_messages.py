@@ -147,3 +147,49 @@ def test_leading_assistant_turn_is_a_counted_repair():
                                                {"role": "assistant", "content": "Sunny."}]}, repairs)  # fmt: skip
     assert why is None and repairs == [LEADING_DROPPED]
     assert [m["role"] for m in conv.messages] == ["user", "assistant"]
+
+
+def test_hermes_inline_tool_calls_and_responses_are_read_as_tool_calls():
+    """Issue 36 item 6: Hermes-style `<tool_call>` JSON in a gpt turn, `<tool_response>` in a tool (or human)
+    turn: read as tool calls and tool results, not dropped nor scored as plain text."""
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    for result_from in ("tool", "human"):
+        conv, why = normalize_record({"conversations": [
+            {"from": "human", "value": "Weather in Oslo and Rome?"},
+            {"from": "gpt", "value": "Checking.\n" + call + "\n" + call.replace("Oslo", "Rome")},
+            {"from": result_from, "value": "<tool_response>\nsnow\n</tool_response>\n<tool_response>\nrain\n</tool_response>"},
+            {"from": "gpt", "value": "Snow and rain."}]})  # fmt: skip
+        assert why is None, why
+        assert [m["role"] for m in conv.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+        assert conv.messages[1]["content"] == "Checking."
+        assert [c["function"] for c in conv.messages[1]["tool_calls"]] == [
+            {"name": "weather", "arguments": {"city": "Oslo"}},
+            {"name": "weather", "arguments": {"city": "Rome"}},
+        ]
+        assert [m["content"] for m in conv.messages[2:4]] == ["snow", "rain"]
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ('<functioncall> {"name": "weather", "arguments": "{}"}', "Glaive-style inline <functioncall>"),
+        ("<tool_call>\nnot json\n</tool_call>", "Hermes-style inline <tool_call> that is not JSON"),
+        (
+            '<tool_call>{"name": "w", "arguments": {}}</tool_call> and more',
+            "Hermes-style inline <tool_call> text",
+        ),
+    ],
+)
+def test_inline_call_formats_that_cannot_be_read_are_refused_naming_the_format(value, reason):
+    conv, why = normalize_record(
+        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": value}]}
+    )
+    assert conv is None and why.startswith(reason)
+
+
+def test_the_arguments_and_inline_reasoning_as_the_data_gave_them_are_kept_aside():
+    conv, why = normalize_record({"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "content": "18 C"}, {"role": "assistant", "content": "<think>Hot.</think>18 C."}]})  # fmt: skip
+    assert why is None
+    assert conv.arguments_text == {(1, 0): '{"city": "Paris"}'}
+    assert conv.inline_reasoning == {3: "<think>Hot.</think>18 C."} and conv.messages[3]["content"] == "18 C."

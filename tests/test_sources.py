@@ -259,3 +259,23 @@ def test_mix_size_is_limited_by_the_scarcest_source():
     assert sorted(x for i, x in out if i == 1) == list(range(10))
     with pytest.raises(ValueError, match="one positive weight per source"):
         mix_counts([1, 2], [1, 0])
+
+
+def test_nested_parquet_rows_are_read_without_the_nulls_the_schema_merged_in(tmp_path):
+    """Issue 36 item 5: a tool's parameters and a call's arguments come back as written, not with every key
+    another row had (null), and a user turn gets no `tool_calls: null`."""
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    clock = {"type": "function", "function": {"name": "clock", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}  # fmt: skip
+    call = {"type": "function", "id": "c0", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    recs = [
+        {"tools": [weather], "messages": [{"role": "user", "content": "Weather?"},
+                                          {"role": "assistant", "content": "", "tool_calls": [call]}]},
+        {"tools": [clock], "messages": [{"role": "user", "content": "Time?"},
+                                        {"role": "assistant", "content": "Noon.", "reasoning_content": "r"}]},
+    ]  # fmt: skip
+    p = tmp_path / "nested.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), p)
+    got, _ = read(p)
+    assert [r for _, r in got] == recs

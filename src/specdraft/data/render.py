@@ -422,8 +422,9 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
                 f"--chat-template {chat_template}: no such file (pass a file or the Jinja text)"
             )
         tokenizer.chat_template = p.read_text() if looks_like_path else chat_template
-    _compiles(tokenizer, f"--chat-template {chat_template}" if chat_template and "\n" not in chat_template else
-              "--chat-template" if chat_template else "the tokenizer's chat template")  # fmt: skip
+    is_file = chat_template and "{" not in chat_template and "\n" not in chat_template
+    _compiles(tokenizer, f"--chat-template {chat_template}" if is_file else "--chat-template" if chat_template
+              else "the tokenizer's chat template")  # fmt: skip
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else {}
     except json.JSONDecodeError as e:

@@ -6,7 +6,11 @@ Arrow IPC (file or stream format), a `datasets.save_to_disk` directory (one spli
 splits), a directory of parquet files (a downloaded hub dataset, filtered by split), a hub dataset id
 (`owner/name`, through the optional `datasets` package), and `sharegpt` (the shipped ShareGPT file).
 Records come back as `(record_no, dict)`, record_no the 0-based row of the source; Arrow structs and lists
-as plain Python. `columns` renames a dataset's columns to ours (`messages`, `tools`, `text`, `system`).
+as plain Python, as the records they were: a struct field that is null is left out (`_as_written`), since
+a table's schema is the union of its rows' keys and gives every row each key another row had (a tool's
+parameters, a call's arguments, `tool_calls: null` on user turns). A null written on purpose inside a nested
+value cannot be told apart from one the schema merged in, and is left out too; top-level columns keep theirs.
+`columns` renames a dataset's columns to ours (`messages`, `tools`, `text`, `system`).
 
 Mixtures: `parse_sources` reads `PATH[:WEIGHT]` items, `mix` draws a seeded weighted mixture without
 repeating a sample, `mixture_counts` summarises it for the manifest.
@@ -259,8 +263,17 @@ def _rows(batches: Iterable[pa.RecordBatch], report: ReadReport) -> Rows:
         for off in range(0, batch.num_rows, ROWS_PER_BATCH):
             for row in batch.slice(off, ROWS_PER_BATCH).to_pylist():
                 report.records += 1
-                yield rec, row
+                yield rec, {k: _as_written(v) for k, v in row.items()}
                 rec += 1
+
+
+def _as_written(value):
+    """A nested Arrow value as plain Python without the null struct fields its schema merged in."""
+    if isinstance(value, dict):
+        return {k: _as_written(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_as_written(v) for v in value]
+    return value
 
 
 def _read_parquet(files: list[Path], report: ReadReport) -> tuple[list[str], Rows]:
@@ -353,7 +366,7 @@ def _read_hub(name: str, split: str, report: ReadReport) -> tuple[list[str], Row
     def rows() -> Rows:
         for rec, row in enumerate(ds):
             report.records += 1
-            yield rec, row
+            yield rec, {k: _as_written(v) for k, v in row.items()}
 
     return list(ds.column_names), rows()
 
