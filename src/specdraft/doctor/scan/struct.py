@@ -73,6 +73,11 @@ class ClassIndex:
         self._headers: list[tuple[str, str, frozenset[str]]] | None = None
         self._attrs: dict[int, set[str] | None] = {}
         self._mentions: dict[str, list[str]] = {}
+        # each asked once per scan: the same evidence sets, classes and bases recur for every name on an object
+        self._candidates: dict[frozenset[str], list[Found]] = {}
+        self._own: dict[int, frozenset[str]] = {}
+        self._module_classes: dict[str, list[Found]] = {}
+        self._bases: dict[int, list[int]] = {}
 
     @property
     def texts(self) -> dict[str, str]:
@@ -108,9 +113,24 @@ class ClassIndex:
 
     def _classes_of(self, module: str) -> list[Found]:
         """Every class defined in ``module`` (nested ones too)."""
-        parsed = self.tree.parse(module)
-        path = self.tree.module_path(module) or self.tree.root
-        return [Found("class", module, path, node) for node in _classes(parsed.body if parsed else [])]
+        if module not in self._module_classes:
+            parsed = self.tree.parse(module)
+            path = self.tree.module_path(module) or self.tree.root
+            self._module_classes[module] = [
+                Found("class", module, path, node) for node in _classes(parsed.body if parsed else [])
+            ]
+        return self._module_classes[module]
+
+    def _own_names(self, node: ast.ClassDef) -> frozenset[str]:
+        if id(node) not in self._own:
+            self._own[id(node)] = _own_names(node)
+        return self._own[id(node)]
+
+    def _base_ids(self, cls: Found) -> list[int]:
+        """The engine classes ``cls`` derives from (its MRO without itself)."""
+        if id(cls.node) not in self._bases:
+            self._bases[id(cls.node)] = [id(b.node) for b in self.tree.mro(cls)[0][1:]]
+        return self._bases[id(cls.node)]
 
     def attrs(self, cls: Found) -> set[str] | None:
         """Names instances of ``cls`` have, engine bases followed (None: ``__getattr__`` makes them dynamic)."""
@@ -124,11 +144,16 @@ class ClassIndex:
         from (bases shared by several model classes are not what a caller holds), sorted by module and name."""
         if not evidence:
             return []
+        if evidence not in self._candidates:
+            self._candidates[evidence] = self._find(evidence)
+        return list(self._candidates[evidence])
+
+    def _find(self, evidence: frozenset[str]) -> list[Found]:
         rare = min(sorted(evidence), key=lambda w: len(self.mentioning(w)))
         pool: dict[int, Found] = {}
         for module in self.mentioning(rare):
             for f in self._classes_of(module):
-                if rare in _own_names(f.node):
+                if rare in self._own_names(f.node):
                     pool[id(f.node)] = f
         names = {f.node.name for f in pool.values()}
         grew = True
@@ -142,6 +167,6 @@ class ClassIndex:
                     names.add(name)
                     grew = True
         out = [f for f in pool.values() if evidence <= (self.attrs(f) or set())]
-        bases = {id(b.node) for f in out for b in self.tree.mro(f)[0][1:]}
+        bases = {b for f in out for b in self._base_ids(f)}
         leaves = [f for f in out if id(f.node) not in bases]  # a base of another candidate is not one itself
         return sorted(leaves, key=lambda f: (f.module, f.node.name))
