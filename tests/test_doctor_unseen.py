@@ -514,3 +514,95 @@ def test_binding_as_python_does_it(tmp_path):
     )
     assert found == {("break", str(line), "VllmConfig has no attribute 'no_such_field'")}, found
     assert report.exit_code == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# item 6: a package that reaches the engine without importing it is not OK on nothing
+# ---------------------------------------------------------------------------------------------
+_APP = {
+    "app7/__init__.py": "",
+    "app7/client.py": """
+        import json
+        import urllib.request
+
+        import conn7
+
+        BASE = "http://localhost:8000/v1"
+
+
+        def ask(prompt):
+            req = urllib.request.Request(BASE + "/chat/completions", data=json.dumps({"p": prompt}).encode())
+            return conn7.Backend, urllib.request.urlopen(req)
+    """,
+}
+
+_CONN = {
+    "conn7/__init__.py": "from conn7.backend import Backend\n",
+    "conn7/backend.py": """
+        from eng7.config import VllmConfig
+
+
+        class Backend:
+            def __init__(self, vllm_config: VllmConfig):
+                self.size = vllm_config.block_size
+                self.gone = vllm_config.gone_field
+    """,
+}
+
+
+def _app(tmp_path: Path, pinned: bool) -> Path:
+    root = _write(tmp_path / "app", _APP)
+    pin = "Requires-Dist: conn7==1.0\n" if pinned else "Requires-Dist: conn7>=1.0\n"
+    _write(
+        root, {"app7-1.0.dist-info/METADATA": f"Name: app7\nVersion: 1.0\n{pin}Requires-Dist: requests\n\n"}
+    )
+    return root
+
+
+def _conn_download(tmp_path: Path):
+    """An offline index holding conn7 1.0 (it imports the engine; one name it reads is gone)."""
+
+    def download(dist, version, dest):
+        if (dist, version) != ("conn7", "1.0"):
+            return None, f"{dist}=={version}: not on the (offline) index"
+        dest.mkdir(parents=True, exist_ok=True)
+        whl = dest / "conn7-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(whl, "w") as z:
+            for rel, text in _CONN.items():
+                z.writestr(rel, textwrap.dedent(text))
+            z.writestr("conn7-1.0.dist-info/METADATA", "Name: conn7\nVersion: 1.0\n\n")
+        return whl, ""
+
+    return download
+
+
+def test_a_package_reaching_the_engine_through_a_pinned_package_is_scanned_with_it(tmp_path, monkeypatch):
+    from specdraft.doctor.scan.report import run_scan
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    engine = _write(tmp_path / "engine", _ENGINE7)
+    report = run_scan(str(_app(tmp_path, pinned=True)), against=str(engine), quiet=True,
+                      download=_conn_download(tmp_path))  # fmt: skip
+    text = report.format_text()
+    assert "released with it" in text and "conn7 1.0" in text
+    (brk,) = report.breaks
+    assert brk.subject.startswith("conn7/backend.py:") and "gone_field" in brk.message
+    http = [
+        p for p in report.problems if p.severity == "unchecked" and p.subject.startswith("app7/client.py")
+    ]
+    assert [p.passed for p in http] == ["http://localhost:8000/v1"] and "HTTP endpoint" in http[0].message
+
+
+def test_nothing_checked_is_not_ok(tmp_path, monkeypatch):
+    """Without the pin the package reaches the engine only by HTTP: the report says nothing was checked."""
+    from specdraft.doctor.scan.report import run_scan
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    engine = _write(tmp_path / "engine", _ENGINE7)
+    report = run_scan(str(_app(tmp_path, pinned=False)), against=str(engine), quiet=True,
+                      download=_conn_download(tmp_path))  # fmt: skip
+    text = report.format_text()
+    assert text.splitlines()[-1].endswith(f"nothing checked in {report.elapsed_s:.1f}s"), text
+    assert " OK " not in text.splitlines()[-1]
+    assert any(p.severity == "warning" and "nothing was checked" in p.message for p in report.problems)
+    assert "modules referencing the engine: 0" in text and "1 HTTP endpoint(s)" in text

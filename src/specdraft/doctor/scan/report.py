@@ -25,9 +25,11 @@ from typing import Any
 
 from specdraft.doctor.check import Problem, installed_root, shorten
 from specdraft.doctor.release.wheel import Downloader, locate
+from specdraft.doctor.scan import reach
 from specdraft.doctor.scan.check import Finding, check_sites
 from specdraft.doctor.scan.source import locate_package, tilde
 from specdraft.doctor.scan.struct import ClassIndex
+from specdraft.doctor.scan.values import Site
 from specdraft.doctor.scan.walk import Walker
 from specdraft.doctor.source.reader import SourceTree
 
@@ -76,15 +78,17 @@ class ScanReport:
                 continue
             lines.append(f"[{p.severity.upper()}] {p.subject}: {p.message}")
             for label, value in (("code", p.passed), ("engine", p.symbol), ("signature", p.installed),
-                                 ("defined at", p.location)):  # fmt: skip
+                                 ("defined at", p.location), ("fix", p.fix)):  # fmt: skip
                 if value:
                     lines.append(f"    {label + ':':<11}{shorten(value, 300)}")
         lines += self._unchecked_lines()
         c = self.counts
+        verdict = (
+            f"{len(self.breaks)} break(s)" if self.breaks else "OK" if c.get("ok") else "nothing checked"
+        )
         lines.append(
             f"{c.get('sites', 0)} engine reference(s): {c.get('ok', 0)} ok, {c.get('break', 0)} break, "
-            f"{c.get('warning', 0)} warning, {c.get('unchecked', 0)} unchecked; "
-            f"{'OK' if not self.breaks else f'{len(self.breaks)} break(s)'} in {self.elapsed_s:.1f}s"
+            f"{c.get('warning', 0)} warning, {c.get('unchecked', 0)} unchecked; {verdict} in {self.elapsed_s:.1f}s"
         )
         return "\n".join(lines)
 
@@ -136,19 +140,58 @@ def scan_package(
     """
     target = locate_package(pkg, download)
     tree = SourceTree(engine_root)
-    walker = Walker(target, tree, engine, plugs)
-    sites = walker.run()
-    findings = check_sites(sites, tree, ClassIndex(tree, engine))
-    touching = sorted({s.path for s in sites})
-    paths = {m: str(p.relative_to(target.root)) for m, p in target.modules.items()}
-    unknown = sum(n for m, n in walker.unknown_calls.items() if paths[m] in touching)
-    info = {
-        "package": target.describe(),
-        "modules referencing the engine": f"{len(touching)}: {', '.join(touching[:6])}"
-        + (" ..." if len(touching) > 6 else ""),
-        "not examined": f"{unknown} method call(s) in those modules on values not known to come from {engine} "
-        "(untyped parameters, other libraries' objects)",
-    }
+    index = ClassIndex(tree, engine)
+    targets = [target]
+    info: dict[str, Any] = {"package": target.describe()}
+    plugins = reach.engine_entry_points(target.root, engine)
+    if plugins:
+        info[f"{engine} plugins it declares (scanned with it)"] = "; ".join(
+            f"[{g}] {', '.join(eps)}" for g, eps in plugins.items()
+        )
+    released = []
+    for dist, version, n in reach.companions(target.root, target.modules, target.tops):
+        try:
+            other = locate_package(f"{dist}=={version}", download)
+        except (FileNotFoundError, RuntimeError) as exc:
+            released.append(f"{dist}=={version} (imported by {n} module(s)): NOT scanned: {exc}")
+            continue
+        targets.append(other)
+        released.append(f"{other.describe()} (pinned =={version}, imported by {n} module(s))")
+    if released:
+        info["released with it (pinned and imported: scanned with it)"] = "; ".join(released)
+    findings: list[Finding] = []
+    touching: list[str] = []
+    unknown = 0
+    for t in targets:
+        walker = Walker(t, tree, engine, plugs)
+        sites = walker.run()
+        findings += check_sites(sites, tree, index)
+        here = sorted({s.path for s in sites})
+        paths = {m: str(p.relative_to(t.root)) for m, p in t.modules.items()}
+        unknown += sum(n for m, n in walker.unknown_calls.items() if paths[m] in here)
+        touching += here
+    info["modules referencing the engine"] = f"{len(touching)}: {', '.join(touching[:6])}" + (
+        " ..." if len(touching) > 6 else ""
+    )
+    info["not examined"] = (
+        f"{unknown} method call(s) in those modules on values not known to come from {engine} "
+        "(untyped parameters, other libraries' objects)"
+    )
+    endpoints = [e for t in targets for e in reach.http_endpoints(t.modules, t.root)]
+    if endpoints:
+        info["not followed"] = (
+            f"{len(endpoints)} HTTP endpoint(s) of an engine server named in the source (listed as unchecked: "
+            "a server's HTTP API has no signature here); scripts outside the wheel are not in it"
+        )
+    findings += [
+        Finding(
+            "unchecked",
+            Site("http", e.path, e.line, e.literal),
+            "an engine server's HTTP endpoint: the "
+            "request and reply are not checked (no contract of the server's API)",
+        )  # fmt: skip
+        for e in endpoints
+    ]
     return findings, info
 
 
@@ -196,6 +239,12 @@ def run_scan(pkg: str, against: str | None = None, engine: str | None = None, js
             counts = Counter(f.severity for f in findings)
             report.counts = {"sites": len(findings), **counts}
             report.problems += [_problem(f) for f in findings if f.severity != "ok"]
+            if not counts.get("ok") and not counts.get("break"):
+                report.problems.append(Problem(
+                    "scan", pkg, f"no reference into {engine} could be checked: nothing was checked, which is "
+                    f"not an OK (the package reaches {engine} some other way: a plugin package, a server's HTTP "
+                    "API, scripts outside the wheel)", "warning",
+                    fix=f"scan the package that reaches {engine} (--scan PLUGIN==X), or check that way by hand"))  # fmt: skip
     report.elapsed_s = time.perf_counter() - t0
     if not quiet:
         print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text())
