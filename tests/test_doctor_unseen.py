@@ -606,3 +606,34 @@ def test_nothing_checked_is_not_ok(tmp_path, monkeypatch):
     assert " OK " not in text.splitlines()[-1]
     assert any(p.severity == "warning" and "nothing was checked" in p.message for p in report.problems)
     assert "modules referencing the engine: 0" in text and "1 HTTP endpoint(s)" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# item 8: labels name the release read; with --export the sample is not checked besides it
+# ---------------------------------------------------------------------------------------------
+def test_the_report_names_the_release_it_read(tmp_path, kw_import):
+    from specdraft.doctor.command import run_doctor
+
+    kw_import(_kw_release(tmp_path, "kept", _llm("kv_cache_memory_bytes")))
+    renamed = _kw_release(tmp_path, "renamed", _llm("kv_cache_bytes"))
+    report = run_doctor(against=str(renamed), contracts=[KW_CONTRACT], device="cpu", quiet=True, cache=False)
+    text = report.format_text()
+    assert f"[BREAK] contract [{renamed}]: kw.LLM:" in text, text
+    label = next(line for line in text.splitlines() if "(model, *, dtype=" in line)
+    assert label.strip().startswith(f"{renamed}:") and "installed:" not in label
+
+
+def test_with_export_the_sample_is_not_checked_besides_it(tmp_path, base_installed):
+    from specdraft.doctor.command import run_doctor
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps(SPEC_FORMAT.sample))
+    (export / "model.safetensors").write_bytes(b"")
+    contract = _spec_contract()
+    without = run_doctor(contracts=[contract], device="cpu", quiet=True, cache=False).format_text()
+    assert "`specdraft export` writes" in without  # the sample, when no export is given
+    text = run_doctor(
+        contracts=[contract], device="cpu", quiet=True, cache=False, export=str(export)
+    ).format_text()
+    assert "`specdraft export` writes" not in text and str(export) in text

@@ -54,6 +54,9 @@ class Problem:
     location: str = ""
     passed: str = ""
     fix: str = ""
+    release: str = (
+        ""  # the release read (--against), whose signature ``installed`` is ('': the installed one)
+    )
 
 
 def shorten(s: str, n: int) -> str:
