@@ -99,7 +99,11 @@ def test_chat_template_and_its_kwargs_choose_the_prompt(
     assert differs  # the kwargs changed what the target saw
     meta = json.loads((tmp_path / "o" / SETTINGS_FILE).read_text())
     assert meta["settings"]["chat_template_kwargs"] == {"enable_thinking": False}
-    assert meta["settings"]["chat_template_sha256"] == hashlib.sha256(HYBRID.read_bytes()).hexdigest()[:16]
+    # the template's identity: its text as Jinja renders it (a file's trailing newline dropped, issue 36)
+    assert (
+        meta["settings"]["chat_template_sha256"]
+        == hashlib.sha256(HYBRID.read_bytes().removesuffix(b"\n")).hexdigest()[:16]
+    )
     assert 'chat template kwargs {"enable_thinking": false}' in capsys.readouterr().out
 
 
