@@ -637,3 +637,93 @@ def test_with_export_the_sample_is_not_checked_besides_it(tmp_path, base_install
         contracts=[contract], device="cpu", quiet=True, cache=False, export=str(export)
     ).format_text()
     assert "`specdraft export` writes" not in text and str(export) in text
+
+
+# ---------------------------------------------------------------------------------------------
+# item 4: --live runs the release's own reading of an export, platform or not, on the export as it is
+# ---------------------------------------------------------------------------------------------
+def _override_033(model, tokenizer, trust_remote_code, revision=None, vllm_speculative_config=None, **kw):
+    """vLLM 0.33's maybe_override_with_speculators, as far as the verifier goes (config.py:861-873)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    verifier = cfg["speculators_config"]["verifier"]["name_or_path"]
+    error = "Speculators verifier must name a remote model repository."
+    try:
+        validate_repo_id(verifier)
+    except HFValidationError as exc:
+        raise ValueError(error) from exc
+    if Path(verifier).exists():
+        raise ValueError(error)
+    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return verifier, verifier, {"method": "eagle3", "model": model, "num_speculative_tokens": k}
+
+
+@pytest.fixture
+def release_033(monkeypatch):
+    """The probe's view of a release whose export reading is vLLM 0.33's; engine configs recorded, not built."""
+    from specdraft.doctor.release import probe
+
+    built = []
+    real = probe.resolve
+    monkeypatch.setattr(probe, "resolve", lambda s: _override_033 if s == probe.OVERRIDE else real(s))
+    monkeypatch.setattr(probe, "try_options", lambda found, label, options, full, optional=False: built.append(
+        (label, options)))  # fmt: skip
+    return probe, built
+
+
+def _served_export(tmp_path: Path, verifier: str) -> Path:
+    d = tmp_path / "export" / ("local" if verifier.startswith("/") else "hub")
+    d.mkdir(parents=True)
+    cfg = {
+        "speculators_config": {
+            "verifier": {"name_or_path": verifier},
+            "proposal_methods": [{"speculative_tokens": 3}],
+        }
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_live_judges_a_local_verifier_with_the_releases_own_code_platform_or_not(tmp_path, release_033, full):
+    pytest.importorskip("huggingface_hub")
+    probe, built = release_033
+    target = tmp_path / "target"
+    target.mkdir()
+    export = _served_export(tmp_path, str(target))
+    found = probe.Findings()
+    probe.try_serve_export(found, "speculators export: vllm serve EXPORT", str(export), str(target), full)
+    (p,) = found.problems
+    assert (p["check"], p["severity"]) == ("live-config", "break") and "remote model repository" in p[
+        "message"
+    ]
+    assert built == [] and not any("accepted" in s for s in found.passed)
+
+
+def test_live_reads_a_hub_verifier_from_the_local_target_after_the_release_judged_it(tmp_path, release_033):
+    pytest.importorskip("huggingface_hub")
+    from specdraft.doctor.release.live import serve_options
+    from specdraft.engine.contract import VLLM_CONTRACT
+
+    probe, built = release_033
+    target = tmp_path / "target"
+    target.mkdir()
+    export = _served_export(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    before = (export / "config.json").read_text()
+    cfg = json.loads(before)
+    (item,) = [
+        i
+        for i in serve_options(VLLM_CONTRACT, "speculators", export, cfg, str(target))
+        if i.get("serve_export")
+    ]
+    assert item["serve_export"] == str(export) and item["target"] == str(
+        target
+    )  # the export itself, not a copy
+    found = probe.Findings()
+    probe.try_serve_export(found, item["label"], item["serve_export"], item["target"], True)
+    assert found.problems == [] and (export / "config.json").read_text() == before
+    ((label, options),) = built
+    assert options == {"model": str(target), "speculative_config": {"method": "eagle3", "model": str(export),
+                                                                     "num_speculative_tokens": 3}}  # fmt: skip
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct read from the local target" in label

@@ -28,7 +28,6 @@ time plus a few seconds.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import json
@@ -389,25 +388,11 @@ def serve_options(
          "options": {**served, "per_request_spec_decode_metrics": "detailed"}},
     ]  # fmt: skip
     if fmt == "speculators":  # the speculators config names its target: `vllm serve EXPORT`
-        served_dir, how = _offline_export(d, cfg, target)
-        items.insert(0, {"label": f"{name} export: vllm serve EXPORT{how}", "entry": "",
-                         "options": {"model": str(served_dir)}})  # fmt: skip
+        # the export as it is: the release judges its verifier itself (probe.try_serve_export); a hub id it
+        # accepts is then read from the local target's files, never rewritten into the export before it looks
+        items.insert(0, {"label": f"{name} export: vllm serve EXPORT", "entry": "", "options": {},
+                         "serve_export": str(d), "target": target if Path(target).exists() else None})  # fmt: skip
     return items
-
-
-def _offline_export(d: Path, cfg: dict[str, Any], target: str) -> tuple[Path, str]:
-    """The export as the offline probe can serve it: itself when its verifier is a local directory; else (a hub
-    id, which the probe cannot fetch) a copy of its config.json naming the local `target` in its place, so
-    that the release's `vllm serve EXPORT` code still runs on every other field."""
-    verifier = cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path", "")
-    if not verifier or Path(verifier).exists() or not Path(target).exists():
-        return d, ""
-    stand_in = Path(tempfile.mkdtemp(prefix="specdraft-live-export-"))
-    atexit.register(shutil.rmtree, stand_in, True)
-    swapped = json.loads(json.dumps(cfg))
-    swapped["speculators_config"]["verifier"]["name_or_path"] = target
-    (stand_in / "config.json").write_text(json.dumps(swapped))
-    return stand_in, f" (its verifier {verifier} read as the local {Path(target).name}: offline)"
 
 
 def probe_spec(contract: Contract, target: str | None, exports: Sequence[tuple[str, Path, dict[str, Any]]],

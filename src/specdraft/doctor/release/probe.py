@@ -10,11 +10,13 @@ into ``SPEC.json`` and reads the findings back from ``OUT.json``. No weights are
   clash with theirs;
 * our engine options go through the release's own ``EngineArgs(**options)`` and (``full``)
   ``create_engine_config()``, which parses the target's and the draft's ``config.json`` with the release's
-  config and speculative-config code -- what ``vllm serve`` and ``vllm.LLM(...)`` do before any weight loads.
+  config and speculative-config code -- what ``vllm serve`` and ``vllm.LLM(...)`` do before any weight loads;
+* a speculators export goes through the release's own reading of it (``maybe_override_with_speculators``:
+  its verifier checked, its speculative config built), which is plain Python: it runs without a platform too.
 
 Each failure is reported with the release's own exception message and the ``file:line`` that raised it.
-With ``full`` false (a build that has no platform on this machine: the CUDA build on a CPU machine) only
-the import-level checks run.
+With ``full`` false (a build that has no platform on this machine: the CUDA build on a CPU machine) the
+import-level checks and the release's reading of the exports run; no engine config is built.
 """
 
 from __future__ import annotations
@@ -246,6 +248,48 @@ def try_options(
     found.passed.append(f"{label}: engine config built" + (f" ({_describe_spec(spec)})" if spec else ""))
 
 
+#: the release's own reading of a speculators export (`vllm serve EXPORT`): plain Python, no platform needed
+OVERRIDE = "vllm.transformers_utils.config:maybe_override_with_speculators"
+
+
+def try_serve_export(found: Findings, label: str, export: str, target: str | None, full: bool,
+                     optional: bool = False) -> None:  # fmt: skip
+    """``vllm serve EXPORT``: the release's own reading of the export (:data:`OVERRIDE`: it checks the verifier
+    the export names and builds the speculative config from it) runs on the export as it is, with or without
+    a platform; with ``full``, the engine config is then built from what it returned. A verifier it resolves to
+    a hub id stands for the target's files, which the offline probe has as ``target``: the engine config is
+    built from that local copy, after the release has judged the hub id itself."""
+    sev = "warning" if optional else "break"
+    try:
+        override = resolve(OVERRIDE)
+    except Exception as exc:  # noqa: BLE001 -- an older release: the engine config reads the export itself
+        if full:
+            try_options(found, label, {"model": export}, full, optional)
+        else:
+            found.failed("live-import", label, exc, "warning", symbol=OVERRIDE)
+        return
+    params = inspect.signature(override).parameters
+    kw = {"model": export, "tokenizer": export, "trust_remote_code": False, "vllm_speculative_config": None}
+    try:
+        model, _tokenizer, spec = override(**{k: v for k, v in kw.items() if k in params})
+    except Exception as exc:  # noqa: BLE001 -- the release's own refusal of our export is the finding
+        found.failed("live-config", label, exc, sev, symbol=OVERRIDE, passed=f"vllm serve {export}")
+        return
+    found.passed.append(f"{label}: {OVERRIDE.split(':')[1]} accepted it (serves {model}, {_describe(spec)})")
+    if not full:
+        return
+    stand_in = target if (target and isinstance(model, str) and not os.path.exists(model)) else None
+    if stand_in:
+        label += f" (the verifier {model} read from the local {os.path.basename(stand_in)}: offline)"
+    try_options(found, label, {"model": stand_in or model, "speculative_config": spec}, full, optional)
+
+
+def _describe(spec: Any) -> str:
+    if not isinstance(spec, dict):
+        return "no speculative config"
+    return f"method={spec.get('method')}, k={spec.get('num_speculative_tokens')}"
+
+
 def _describe_spec(spec: Any) -> str:
     model = getattr(getattr(spec, "draft_model_config", None), "hf_config", None)
     archs = getattr(model, "architectures", None)
@@ -289,6 +333,10 @@ def run(spec: dict[str, Any]) -> Findings:
                                                       spec["worker_methods"], full))  # fmt: skip
     for item in spec["options"]:
         build = full and item.get("build", True)
+        if item.get("serve_export"):
+            _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_serve_export(
+                found, i["label"], i["serve_export"], i.get("target"), b, i.get("optional", False)))  # fmt: skip
+            continue
         _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_options(found, i["label"], i["options"],
                                                                                b, i.get("optional", False)))  # fmt: skip
     return found
