@@ -93,17 +93,17 @@ def test_two_processes_with_other_weights_at_one_path_are_refused_in_any_order(t
 
 def test_extract_resumed_with_another_compute_dtype_or_backend_is_refused(tmp_path, ds, tiny_llama_dir):
     out = run_extract(ds, tmp_path / "x", tiny_llama_dir, dtype="float32")
-    fix = "use a new --out directory, or the settings that extraction was started with to resume it"
     with pytest.raises(ValueError) as e:
         run_extract(ds, out, tiny_llama_dir, dtype="bfloat16")
     assert str(e.value) == (
-        f"extract: {out} holds another extraction: compute_dtype float32 there, bfloat16 now (--dtype): {fix}"
+        f"extract: {out} holds another extraction: compute_dtype float32 there, bfloat16 now (--dtype): use a new "
+        "--out directory, or resume it with --dtype float32"
     )
     with pytest.raises(ValueError) as e:  # refused before vLLM is imported or any engine starts
         run_extract(ds, out, tiny_llama_dir, backend="vllm")
-    assert (
-        str(e.value)
-        == f"extract: {out} holds another extraction: backend hf there, vllm now (--backend): {fix}"
+    assert str(e.value) == (
+        f"extract: {out} holds another extraction: backend hf there, vllm now (--backend): use a new --out "
+        "directory, or resume it with --backend hf"
     )
     assert run_extract(ds, out, tiny_llama_dir, dtype="float32") == out  # the same command: complete
 
@@ -359,7 +359,5 @@ def test_a_lost_shard_names_skip_bad_with_allow_partial_and_that_trains(tmp_path
                                  "--skip-bad --allow-partial to train without its samples")  # fmt: skip
     train(str(x), str(tmp_path / "t"), replace(CFG, allow_partial=True, skip_bad=True, max_steps=1))
     out = capsys.readouterr().out
-    assert (
-        "specdraft: warning: skipping 1 bad shard(s), 0 samples and the 4 samples no sidecar lists: " in out
-    )
+    assert "specdraft: warning: skipping 1 bad shard(s), 4 samples (4 of them listed by no sidecar): " in out
     assert "training on the 4 there" in out

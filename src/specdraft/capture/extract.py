@@ -60,6 +60,8 @@ _IDENTITY_SOURCES = {
     "compute_dtype": "--dtype",
     "backend": "--backend",
 }
+#: identity fields set by one flag of extract alone (a resume refused for them names the flag and its value)
+_FLAGS = {"compute_dtype": "--dtype", "backend": "--backend", "dtype": "--store-dtype"}
 
 
 def extract(
@@ -250,10 +252,11 @@ def _check_resume(man_path: Path, old: dict, identity: dict) -> None:
         raise ValueError(f"extract: {man_path} is from specdraft {old.get('specdraft_version', '?')}, before shards "
                          f"were bound to their extraction: {REEXTRACT}")  # fmt: skip
     before = {"compute_dtype": old.get("compute_dtype"), "backend": old.get("engine", {}).get("backend")}
-    diff = [
-        f"{k} {was} there, {v} now ({_IDENTITY_SOURCES[k]})"
-        for k, was, v in changed_settings(old["identity"], identity, before)
-    ]
+    changed = changed_settings(old["identity"], identity, before)
+    diff = [f"{k} {was} there, {v} now ({_IDENTITY_SOURCES[k]})" for k, was, v in changed]
+    flags = [f"{_FLAGS[k]} {was}" for k, was, _ in changed if k in _FLAGS]
+    if changed and len(flags) == len(changed):  # each one a flag of this command: resume with its value
+        fix = f"use a new --out directory, or resume it with {' '.join(flags)}"
     if diff:
         raise ValueError(f"extract: {man_path.parent} holds another extraction: {'; '.join(diff)}: {fix}")
 

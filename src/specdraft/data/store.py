@@ -294,9 +294,9 @@ class ShardSet:
         held = {p: len(self._sidecars[p]["samples"]) for p in bad if p in self._sidecars}
         names = ", ".join(f"{p.name} ({why})" for p, why in sorted(bad.items()))
         lost = self.missing_samples() if len(held) < len(bad) else []  # a shard without its sidecar: unlisted
-        more = f" and the {len(lost)} samples no sidecar lists" if lost else ""
-        print(f"specdraft: warning: skipping {len(bad)} bad shard(s), {sum(held.values())} samples{more}: "
-              f"{names}", flush=True)  # fmt: skip
+        more = f" ({len(lost)} of them listed by no sidecar)" if lost else ""
+        print(f"specdraft: warning: skipping {len(bad)} bad shard(s), {sum(held.values()) + len(lost)} samples"
+              f"{more}: {names}", flush=True)  # fmt: skip
 
     def sample_ids(self) -> list[int]:
         return sorted(self._locs)
