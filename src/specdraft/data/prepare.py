@@ -17,6 +17,9 @@ template that renders earlier turns differently once later turns follow (hybrid 
 per assistant turn, in the context the target saw when it generated it. `--chat-template` (a file or the
 Jinja text) and `--chat-template-kwargs` (JSON, e.g. `{"enable_thinking": false}`) choose the rendering and
 are recorded in the manifest; `--text` is the raw-text mode for base models (documents, loss on every token).
+Every sample is checked against the template before it is kept (decoded and compared as text: a mismatch drops
+the conversation, counted); reasoning is trained only in the form the template gives it, else left out and said
+(`--reasoning-format think` keeps it in the content); an error the template raises drops that conversation.
 
 A dataset is bound to its content: `manifest.json` records `content_hash` (of data.parquet and
 token_counts.npy), `load_dataset` refuses files that do not match it (replaced or partly written), and
