@@ -727,3 +727,21 @@ def test_live_reads_a_hub_verifier_from_the_local_target_after_the_release_judge
     assert options == {"model": str(target), "speculative_config": {"method": "eagle3", "model": str(export),
                                                                      "num_speculative_tokens": 3}}  # fmt: skip
     assert "HuggingFaceTB/SmolLM2-135M-Instruct read from the local target" in label
+
+
+def test_refusals_every_value_of_ours_passes_are_one_line(tmp_path):
+    """Item 8: new refusals our values provably pass are listed in one info, not a section each."""
+    edits = {
+        "config.py": (
+            '            raise ValueError("num_speculative_tokens must be positive")\n',
+            '            raise ValueError("num_speculative_tokens must be positive")\n'
+            "        if self.num_speculative_tokens > 64:\n"
+            '            raise ValueError("at most 64")\n'
+            '        if self.method == "mtp" and self.num_speculative_tokens > 1:\n'
+            '            raise ValueError("mtp: one step")\n',
+        )
+    }
+    root = _edited_release(tmp_path, "two", edits)
+    (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 5))))
+    assert p.severity == "info" and "adds 2 refusal(s) that every value of ours provably passes" in p.message
+    assert "fakeengine/config.py:15" in p.message and "fakeengine/config.py:17" in p.message

@@ -254,6 +254,12 @@ def new_refusals(
             by_location.setdefault(f.location, []).append(f)
     problems = [_problem(fs, release, old_messages.get(fs[0].refusal.condition))
                 for fs in by_location.values()]  # fmt: skip
+    passed = [p for p in problems if p.severity == "info" and p.message.endswith("; our value passes it")]
+    if len(passed) > 1:  # nothing to act on: one line naming them, not one section each
+        problems = [p for p in problems if p not in passed]
+        where = "; ".join(f"{p.location} ({p.symbol})" for p in passed)
+        problems.append(Problem("refusal", contract.engine, f"{release} adds {len(passed)} refusal(s) that every "
+                                f"value of ours provably passes: {where}", "info"))  # fmt: skip
     if not problems:
         problems.append(Problem("refusal", contract.engine, f"{release} adds no refusal on the values we pass or "
                                 f"write ({len(before)} such refusal(s) in the installed release)", "info"))  # fmt: skip
