@@ -20,6 +20,7 @@ LAYERS = {
     "__init__": 0,
     "fileio": 0,
     "targets": 1,
+    "runtime": 1,
     "engine": 2,
     "doctor": 3,
     "data": 3,

@@ -420,7 +420,7 @@ def export(
     format: str = "speculators",
     target: str = "",
     k: int = 3,
-    dtype: str = "float32",
+    dtype: str = "auto",
     check_vllm: bool = True,
     trust_remote_code: bool = False,
     verifier: str = "",
@@ -434,13 +434,17 @@ def export(
         format: `speculators` (vLLM native) or `eagle3` (plain EAGLE-3 layout, SGLang and vLLM).
         target: the target model dir or id the draft serves (default: the one it was trained on).
         k: speculative tokens written as the default proposal length.
-        dtype: weight dtype of the export (float32, bfloat16, float16).
+        dtype: weight dtype of the export: auto (bfloat16 when a GPU that supports it is present, for serving
+            there; else float32), float32, bfloat16, float16.
         check_vllm: when vLLM is installed, check that its model class for the target supports EAGLE-3.
         trust_remote_code: allow the target's custom config code (read to check the target fits the draft).
         verifier: the target's Hugging Face id (ORG/NAME) that a speculators export names, so that `vllm serve
             EXPORT` finds the target on any machine (default: the target's id when given as one, or found in
             its files; else its local path, which export says plainly).
     """
+    from specdraft.runtime import resolve_dtype
+
+    dtype = resolve_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
     errors = []
     if format not in FORMATS:
         errors.append(f"--format must be one of {FORMATS}, not {format!r}")

@@ -129,19 +129,22 @@ def _read_json(path: Path) -> dict:
 
 
 def quickstart(
-    out: str = "runs/quickstart", budget: str = "default", device: str = "cpu", fresh: bool = False
+    out: str = "runs/quickstart", budget: str = "default", device: str = "auto", fresh: bool = False
 ) -> int:
     """Run prepare -> extract -> train -> eval -> export on the embedded default, resuming where it stopped.
 
     Args:
         out: working directory of the run (every stage writes a subdirectory).
         budget: `tiny` (smoke test), `default` (under 30 min on a 2-core CPU) or `large`.
-        device: cpu or cuda (bf16 on GPU).
+        device: auto (cuda when CUDA is available, else cpu), cpu or cuda[:N] (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
     """
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
     b = BUDGETS[budget]
+    from specdraft.runtime import resolve_device
+
+    device = resolve_device(device, "quickstart")
     root = Path(out).resolve()  # one spelling of the run's paths, whatever the user typed
     if fresh:
         shutil.rmtree(root, ignore_errors=True)

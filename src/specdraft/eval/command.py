@@ -31,8 +31,8 @@ def evaluate(
     temperature: float = 0.0,
     counts: str = "",
     draft_vocab_size: int = 32000,
-    device: str = "cpu",
-    dtype: str = "",
+    device: str = "auto",
+    dtype: str = "auto",
     out: str = "runs/eval",
     seed: int = 0,
     progress: bool = True,
@@ -67,8 +67,8 @@ def evaluate(
         counts: for `untrained`: a prepared dataset or extraction dir whose token counts pick the draft
             vocabulary (empty = uniform counts: the lowest token ids).
         draft_vocab_size: for `untrained`: draft vocabulary size.
-        device: cpu, cuda, cuda:1, ...
-        dtype: float32 or bfloat16 (empty = float32 on CPU, bfloat16 on GPU).
+        device: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda, cuda:1, ...
+        dtype: auto (bfloat16 on a GPU that supports it, else float32), float32 or bfloat16.
         out: output directory (report.json, acceptance_per_position.png, tau_per_category.png).
         seed: seed of prompt-level random streams (sampling, untrained draft init).
         progress: show a progress bar.
@@ -88,7 +88,11 @@ def evaluate(
         layers: for `untrained`: the draft's 3 aux layer ids, as extract's and train's --layers (default 2, L//2,
             L-3; needed for targets under 6 layers).
     """
+    from specdraft.runtime import resolve_device, resolve_dtype
+
     engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args)
+    device = resolve_device(device, "eval")
+    dtype = resolve_dtype(dtype, device)
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
     with rendering(template, kwargs):
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,

@@ -59,8 +59,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # how many step checkpoints to keep (the newest)
     resume: bool = False  # continue exactly from the newest checkpoint in OUT
     seed: int = 0  # seed of the draft's init and of the data order
-    device: str = "cpu"  # cpu, cuda (under torchrun: cuda:LOCAL_RANK)
-    dtype: str = ""  # compute dtype: float32 or bfloat16 (autocast); default float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda[:N] (under torchrun: cuda:LOCAL_RANK)
+    dtype: str = "auto"  # compute dtype: auto (bfloat16 on a GPU that supports it, else float32), float32, bfloat16 (autocast)
     fsdp: bool = False  # shard the draft with FSDP2 fully_shard instead of DDP (distributed runs)
     attention_chunk: int = 1 << 25  # TTT attention: causal scores held at a time (elements; memory, not math)
     checkpoint_head: str = "auto"  # recompute lm_head + loss in backward: on, off, or auto (on when K x tokens x Vd activations exceed 2 GiB)
@@ -105,10 +105,10 @@ class TrainConfig:
             errs.append(f"--cooldown-ratio must be in (0, 1], not {self.cooldown_ratio}")
         if self.checkpoint_head not in ("auto", "on", "off"):
             errs.append(f"--checkpoint-head must be auto, on or off, not {self.checkpoint_head!r}")
-        if self.dtype not in ("", "float32", "bfloat16"):
+        if self.dtype not in ("", "auto", "float32", "bfloat16"):
             errs.append(f"--dtype must be float32 or bfloat16, not {self.dtype!r}")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            errs.append(f"--device must be cpu or cuda[:N], not {self.device!r}")
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            errs.append(f"--device must be auto, cpu or cuda[:N], not {self.device!r}")
         elif self.device.startswith("cuda") and not torch.cuda.is_available():
             errs.append(f"--device {self.device}: CUDA is not available here; use --device cpu")
         if self.layers is not None and not self.online:

@@ -27,6 +27,7 @@ from torch import nn
 
 from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import EMBED_KEY, latest_checkpoint, load_draft, save_draft
+from specdraft.runtime import resolve_device, resolve_dtype
 from specdraft.train.ahead import Ahead
 from specdraft.train.batches import (
     Batch,
@@ -179,9 +180,9 @@ def _plan(st: _Setup, cfg: TrainConfig, world: int) -> tuple[list[list[int]], in
 
 def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     """Processes, data, draft, teacher, the TTT model (wrapped for DDP/FSDP), optimizer, schedule."""
-    rank, world, device = _init_distributed(cfg.device)
+    rank, world, device = _init_distributed(resolve_device(cfg.device, "train"))
     torch.manual_seed(cfg.seed)
-    amp_dtype = cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    amp_dtype = resolve_dtype(cfg.dtype, str(device))
     amp = functools.partial(
         torch.autocast, device.type, dtype=torch.bfloat16, enabled=amp_dtype == "bfloat16"
     )

@@ -1,0 +1,102 @@
+"""Where a run computes and what it ran with: `auto` device and dtype, and the settings file of each command.
+
+`--device auto` is cuda:LOCAL_RANK when CUDA is available (LOCAL_RANK is 0 outside torchrun), else cpu;
+`--dtype auto` is bfloat16 on a GPU that supports it, float32 otherwise (bf16 is very slow on CPUs). A run
+put on the CPU while a GPU is present says so once. Every resolved value is recorded in `RESOLVED`, so the
+settings file a command writes beside its output (`write_settings`) holds what it ran with, not `auto`.
+A settings file is a valid `--config FILE` for the same command (`read_settings`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+#: the values `auto` (and `""`) resolved to in this process: name -> value (written into the settings file)
+RESOLVED: dict[str, str] = {}
+#: where each setting of the running command came from: name -> "command line" or "config FILE"
+GIVEN: dict[str, str] = {}
+_warned: set[str] = set()
+
+SETTINGS_VERSION = 1
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str, who: str = "specdraft") -> str:
+    """`auto` (or empty) -> cuda:LOCAL_RANK when CUDA is available, else cpu; anything else as given. Warns
+    (once per process) when a run is put on the CPU while a GPU is present."""
+    if device in ("", "auto"):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if _cuda_available() else "cpu"
+        RESOLVED["device"] = device
+    elif device == "cpu" and _cuda_available() and "cpu" not in _warned:
+        _warned.add("cpu")
+        print(f"{who}: warning: a GPU is present but this run is on the CPU (--device cpu); "
+              "--device auto (the default) would use it", file=sys.stderr)  # fmt: skip
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """`auto` (or empty) -> bfloat16 on a CUDA device that supports it, float32 otherwise."""
+    if dtype not in ("", "auto"):
+        return dtype
+    out = "float32"
+    if str(device).startswith("cuda"):
+        import torch
+
+        out = "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    RESOLVED["dtype"] = out
+    return out
+
+
+def _plain(v):
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def write_settings(path: Path, command: str, settings: dict) -> Path:
+    """Write `settings` (flat: option name -> value) as `path`, with what `auto` resolved to; returns it."""
+    from specdraft import __version__
+
+    doc = {
+        "command": command,
+        "specdraft_version": __version__,
+        "settings_version": SETTINGS_VERSION,
+        "settings": {k: _plain(v) for k, v in settings.items()},
+        "resolved": dict(RESOLVED),
+        "note": f"a valid `specdraft {command} --config {path.name}`; options on the command line override it",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_settings(path: str | Path, command: str) -> dict:
+    """The settings of a settings file (ours, or a flat JSON object of option name -> value) for `command`."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--config {p}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config {p}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config {p}: a JSON object of option -> value is needed")
+    if "settings" in doc and isinstance(doc["settings"], dict):
+        if doc.get("command") not in (None, command):
+            raise ValueError(
+                f"--config {p} holds the settings of `specdraft {doc['command']}`, not {command}"
+            )
+        return dict(doc["settings"])
+    return {k.replace("-", "_"): v for k, v in doc.items()}

@@ -1,0 +1,83 @@
+"""GPU-aware defaults (device and dtype `auto` everywhere) and the settings file each command writes."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from specdraft import runtime
+from specdraft.runtime import resolve_device, resolve_dtype
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """CUDA available (mocked), with bf16 support; LOCAL_RANK unset."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(runtime, "_warned", set())
+    monkeypatch.setattr(runtime, "RESOLVED", {})
+
+
+def test_auto_is_the_gpu_when_there_is_one(gpu, monkeypatch):
+    assert resolve_device("auto") == "cuda:0"
+    monkeypatch.setenv("LOCAL_RANK", "3")  # under torchrun: this process's GPU
+    assert resolve_device("auto") == "cuda:3"
+    assert resolve_dtype("auto", "cuda:3") == "bfloat16"
+    assert runtime.RESOLVED == {"device": "cuda:3", "dtype": "bfloat16"}
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", "cuda:0") == "float32"
+
+
+def test_auto_is_the_cpu_in_fp32_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert resolve_dtype("bfloat16", "cpu") == "bfloat16"  # what is given is kept
+
+
+def test_a_cpu_run_on_a_gpu_machine_is_warned_once(gpu, capsys):
+    assert resolve_device("cpu", "train") == "cpu"
+    assert resolve_device("cpu", "train") == "cpu"
+    err = capsys.readouterr().err
+    assert err.count("warning: a GPU is present but this run is on the CPU") == 1
+    assert err.startswith("train: ")
+
+
+def test_every_command_defaults_to_auto():
+    from specdraft.capture.extract import extract
+    from specdraft.data.regenerate import regenerate
+    from specdraft.eval.command import evaluate
+    from specdraft.export import export
+    from specdraft.quickstart import quickstart
+    from specdraft.train.config import TrainConfig
+
+    for fn, names in ((extract, ("device", "dtype")), (regenerate, ("device", "dtype")),
+                      (evaluate, ("device", "dtype")), (export, ("dtype",)), (quickstart, ("device",))):  # fmt: skip
+        params = inspect.signature(fn).parameters
+        for n in names:
+            assert params[n].default == "auto", (fn.__name__, n)
+    cfg = TrainConfig()
+    assert (cfg.device, cfg.dtype) == ("auto", "auto")
+    assert cfg.problems() == []
+
+
+def test_train_under_torchrun_takes_its_local_gpu(gpu, monkeypatch):
+    """`--device auto` under torchrun (WORLD_SIZE > 1) joins NCCL on cuda:LOCAL_RANK, not gloo on the CPU."""
+    from specdraft.train import distributed
+
+    calls = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        distributed.dist, "init_process_group", lambda backend: calls.setdefault("backend", backend)
+    )
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    rank, world, dev = distributed._init_distributed(resolve_device("auto", "train"))
+    assert (rank, world, str(dev)) == (1, 2, "cuda:1")
+    assert calls == {"set_device": 1, "backend": "nccl"}
