@@ -22,10 +22,11 @@ This is what vLLM's `qwen3_dflash.py` computes for the same weights: its context
 k/v projections of `hidden_norm(fc(aux))` (written to the KV cache before the block forward), and its
 `input_layernorm`/`post_attention_layernorm` fused add-norms give the same pre-norm residual stream.
 Module names follow that layout (`fc`, `hidden_norm`, `layers.i.self_attn.{q,k,v,o}_proj`, `q_norm`,
-`k_norm`, `layers.i.mlp.{gate,up,down}_proj`, `norm`, `lm_head`, `d2t`). The mask embedding is a trained
-vector of its own; vLLM reads it from `mask_embedding.pt` next to the weights (see `specdraft.export`).
-The target's embedding is a frozen copy; the LM head is the draft's own over its draft vocabulary (Vd rows,
-initialised from the target's head), mapped to target ids by `d2t` exactly as EAGLE-3's.
+`k_norm`, `layers.i.mlp.{gate,up,down}_proj`, `norm`, `lm_head`, `d2t`). The target's embedding and LM head
+are frozen copies (the head: the target's rows of the draft vocabulary, mapped to target ids by `d2t` as
+EAGLE-3's; Vd = V is the target's head itself, what SGLang serves). The mask embedding starts at the
+target's embedding of `mask_token_id` and is trained unless `train_mask_embedding` is False; vLLM reads a
+trained one from `mask_embedding.pt` next to the weights, SGLang only serves the untrained one.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class DFlashConfig:
     target_hidden_size: int = 0  # width of each captured hidden state; 0 = hidden_size
     target_num_layers: int = 0  # L of the target
     hidden_act: str = "silu"  # MLP activation
+    train_mask_embedding: bool = (
+        True  # False: the mask slots keep the target's embedding of mask_token_id (SGLang)
+    )
     loss_decay_gamma: float = 0.0  # position decay of the block loss, exp(-(i-1)/gamma); 0 = block_size / 2
     target_name: str = ""  # the target this draft was built for
     target_config_hash: str = ""  # the target's config hash
@@ -179,12 +183,15 @@ class DFlashDraft(nn.Module):
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's embeddings
-        self.mask_embedding = nn.Parameter(torch.zeros(H))  # the mask slots' input (trained)
+        self.mask_embedding = nn.Parameter(
+            torch.zeros(H), requires_grad=cfg.train_mask_embedding
+        )  # mask slots' input
         self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(False)  # the target's head rows of the draft vocabulary, frozen
         self.rotary = Rotary(cfg.rope_config())
         vd = cfg.draft_vocab_size
         self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))  # (Vd,) offsets
