@@ -22,20 +22,38 @@ def test_auto_applies_the_recipe_to_small_data_when_none_of_it_is_given():
     assert got.recipe == "auto" and replace(got, **{k: getattr(DEFAULTS, k) for k in SMALL_RUN}) == DEFAULTS
 
 
-@pytest.mark.parametrize("case", ["large data", "a setting given", "off"])
+@pytest.mark.parametrize("case", ["large data", "set from Python", "off"])
 def test_otherwise_the_settings_are_kept_as_given(case):
     cfg, scored = {
         "large data": (DEFAULTS, SMALL_RUN_BELOW),
-        "a setting given": (replace(DEFAULTS, lr=3e-4), 80_000),
+        "set from Python": (replace(DEFAULTS, lr=3e-4), 80_000),  # no command line: a caller tuning
         "off": (replace(DEFAULTS, recipe="off"), 80_000),
     }[case]
     assert with_recipe(cfg, scored) == (cfg, "")
 
 
+def test_auto_fills_in_what_was_not_given_and_says_which_came_from_where(monkeypatch):
+    """--lr alone no longer switches the recipe off: the other eight settings are still the recipe's."""
+    from specdraft import runtime
+
+    monkeypatch.setattr(runtime, "GIVEN", {"lr": "command line", "decay": "--config run.json"})
+    monkeypatch.setattr(runtime, "FROM_COMMAND_LINE", True)
+    got, said = with_recipe(replace(DEFAULTS, lr=3e-4, decay=0.8), 80_000)
+    assert got.lr == 3e-4 and got.decay == 0.8  # given, even at the library's value
+    assert {k: getattr(got, k) for k in SMALL_RUN if k not in ("lr", "decay")} == {
+        k: v for k, v in SMALL_RUN.items() if k not in ("lr", "decay")
+    }
+    assert said.startswith("train: settings from the small-run recipe (80,000 scored tokens")
+    assert "command line: --lr 0.0003" in said and "--config run.json: --decay 0.8" in said
+    assert "--max-tokens 512" in said and "--lr 0.001" not in said
+
+
 def test_on_fills_in_what_was_not_given_at_any_size_and_leaves_ema_out_under_fsdp():
     got, said = with_recipe(replace(DEFAULTS, recipe="on", lr=3e-4, fsdp=True), 10**9)
     assert got.lr == 3e-4 and got.max_tokens == 512 and got.prompt_loss and got.steps_per_batch == 2
-    assert got.ema == 0.0 and "--recipe on" in said and "--lr" not in said
+    assert (
+        got.ema == 0.0 and "--recipe on" in said and "--lr 0.001" not in said and "given: --lr 0.0003" in said
+    )
 
 
 def test_a_run_on_small_data_trains_with_the_recipe_and_says_so(tmp_path, shards, capsys):  # noqa: F811
@@ -44,7 +62,7 @@ def test_a_run_on_small_data_trains_with_the_recipe_and_says_so(tmp_path, shards
     train(str(shards), str(tmp_path / "auto"), TrainConfig(**base))
     train(str(shards), str(tmp_path / "off"), TrainConfig(**base, recipe="off"))
     out = capsys.readouterr().out
-    assert out.count("train: the small-run recipe (") == 1 and "--recipe off keeps the defaults" in out
+    assert out.count("train: settings from the small-run recipe (") == 1 and "--recipe off keeps the" in out
 
     def first(run: str) -> dict:
         return json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[0])

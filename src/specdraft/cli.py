@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import errno
 import inspect
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import threading
 import types
 import typing
 from importlib import import_module
+from pathlib import Path
 
 # name -> "module:function"; imported lazily so `specdraft --help` and `doctor` start fast
 COMMANDS = {
@@ -92,10 +94,13 @@ def _unwrap(tp):
     return tp, False
 
 
-def _add(parser, name: str, tp, default, help_text: str, positional: bool) -> None:
+def _add(parser, name: str, tp, default, help_text: str, positional: bool, from_config: bool = False) -> None:
     base, is_list = _unwrap(tp)
     flag = name.replace("_", "-")
-    if positional:
+    if positional and from_config:  # given by --config: the command line may still name it
+        parser.add_argument(name, type=base, nargs="*" if is_list else "?", default=default,
+                            help=help_text + f" (from --config: {default})")  # fmt: skip
+    elif positional:
         parser.add_argument(name, type=base, nargs="+" if is_list else None, help=help_text)
     elif base is bool:
         parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction, default=default,
@@ -106,7 +111,9 @@ def _add(parser, name: str, tp, default, help_text: str, positional: bool) -> No
                             help=help_text + shown)  # fmt: skip
 
 
-def build_parser(fns: dict) -> tuple[argparse.ArgumentParser, dict]:
+def build_parser(fns: dict, config: dict | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The parser of every command in `fns`; `config` (name -> value, from --config) replaces defaults."""
+    config = config or {}
     parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dataclass_params: dict[str, dict[str, type]] = {}
@@ -129,11 +136,39 @@ def build_parser(fns: dict) -> tuple[argparse.ArgumentParser, dict]:
                     if not f.init:
                         continue
                     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                    default = config.get(f.name, default)
                     _add(group, f.name, fhints[f.name], default, fdocs.get(f.name, ""), positional=False)
                 continue
             positional = param.default is inspect.Parameter.empty
-            _add(p, pname, tp, None if positional else param.default, docs.get(pname, ""), positional)
+            default = config.get(pname, None if positional else param.default)
+            _add(p, pname, tp, default, docs.get(pname, ""), positional, from_config=pname in config)
+        p.add_argument("--config", metavar="FILE", default=None,
+                       help="read the settings from FILE (JSON: the settings file a run writes beside its output, "
+                            "or an object of option -> value); options given here override it")  # fmt: skip
+        p.add_argument("--print-config", action="store_true",
+                       help="print the settings this command would run with (a valid --config FILE) and exit")  # fmt: skip
+        for action in p._actions:  # each option given on the command line is recorded in `_given`
+            if action.dest not in ("help", "config", "print_config"):
+                action.__class__ = _recording(type(action))
     return parser, dataclass_params
+
+
+_RECORDING: dict[type, type] = {}
+
+
+def _recording(cls: type) -> type:
+    """`cls`, recording its destination in the namespace's `_given` set when the parser calls it."""
+    if cls not in _RECORDING:
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            given = getattr(namespace, "_given", set())
+            if option_string is not None or values not in (None, []):  # a positional left out is not given
+                given.add(self.dest)
+            namespace._given = given
+            return cls.__call__(self, parser, namespace, values, option_string)
+
+        _RECORDING[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
+    return _RECORDING[cls]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,15 +184,28 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as e:
                 if wanted == name:
                     raise SystemExit(f"specdraft {name}: cannot import {mod} ({e})") from e
-    parser, dc_params = build_parser(fns)
-    ns = vars(parser.parse_args(argv))
-    cmd = ns.pop("command")
+    from specdraft import runtime
+
+    runtime.GIVEN.clear()
+    runtime.RESOLVED.clear()
+    runtime.FROM_COMMAND_LINE = True
+    try:
+        return _run(fns, argv, wanted)
+    finally:  # a later call from Python in this process is not this command line's
+        runtime.FROM_COMMAND_LINE = False
+        runtime.GIVEN.clear()
+
+
+def _run(fns: dict, argv: list[str], wanted: str | None) -> int:
+    """Parse `argv` (with its --config), run the command, record its settings; its exit status."""
+    try:
+        cmd, kwargs, settings = _parse(fns, argv)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specdraft {wanted}: error: {e}", file=sys.stderr)
+        return 2
+    if settings is None:  # --print-config: printed
+        return 0
     fn = fns[cmd]
-    kwargs = {}
-    for pname, cls in dc_params[cmd].items():
-        names = [f.name for f in dataclasses.fields(cls) if f.init]
-        kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
-    kwargs.update(ns)
     try:
         with _sigterm_as_interrupt():
             result = fn(**kwargs)
@@ -173,7 +221,100 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"specdraft {cmd}: error: {_user_message(e, _hint(cmd, argv, kwargs))}", file=sys.stderr)
         return 2
+    _record(cmd, settings)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _parse(fns: dict, argv: list[str]) -> tuple[str, dict, dict | None]:
+    """(command, its keyword arguments, its flat settings: option name -> value), with --config FILE's values
+    (or, for `train --resume`, the settings OUT/train_settings.json recorded) where the command line gives
+    none; the settings are None after --print-config printed them. Records where each came from in GIVEN."""
+    from specdraft import runtime
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    pre.add_argument("--print-config", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    config, source = {}, ""
+    if known.config and wanted in fns:
+        config, source = _config(fns[wanted], wanted, known.config), f"--config {known.config}"
+    loose = known.print_config and wanted in fns
+    if loose:  # --print-config alone: the positionals may be left out
+        fn = fns[wanted]
+        config = {
+            p: None for p, v in inspect.signature(fn).parameters.items() if v.default is v.empty
+        } | config
+    parser, dc_params = build_parser(fns, config)
+    ns = vars(parser.parse_args(argv))
+    cmd = ns.pop("command")
+    if cmd == "train" and ns.get("resume") and not known.config:
+        recorded = Path(ns["out"]) / "train_settings.json"
+        if recorded.is_file():  # --resume: the recorded settings, unless the command line says otherwise
+            config, source = _config(fns[cmd], cmd, str(recorded)), f"recorded in {recorded}"
+            parser, dc_params = build_parser({cmd: fns[cmd]}, config)
+            ns = vars(parser.parse_args(argv))
+            ns.pop("command")
+    given = ns.pop("_given", set())
+    ns.pop("config", None)
+    print_config = ns.pop("print_config", False)
+    for k in config:
+        runtime.GIVEN[k] = source
+    for k in given:
+        if not (k in config and ns.get(k) == config[k]):
+            runtime.GIVEN[k] = "command line"
+    kwargs, settings = {}, dict(ns)
+    for pname, cls in dc_params[cmd].items():
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
+    kwargs.update(ns)
+    if print_config:
+        print(json.dumps(runtime.settings_doc(cmd, settings), indent=2))
+        return cmd, kwargs, None
+    if source.startswith("recorded"):
+        print(f"specdraft {cmd}: --resume: the settings {source}, with the command line's "
+              f"{', '.join('--' + k.replace('_', '-') for k in sorted(given) if k != 'resume') or 'none'} over them",
+              file=sys.stderr)  # fmt: skip
+    return cmd, kwargs, settings
+
+
+def _config(fn, cmd: str, path: str) -> dict:
+    """The settings of a --config FILE for `cmd`, every name checked (an unknown one names its nearest)."""
+    import difflib
+
+    from specdraft import runtime
+
+    config = runtime.read_settings(path, cmd)
+    names = set()
+    hints = typing.get_type_hints(fn)
+    for pname in inspect.signature(fn).parameters:
+        tp = hints.get(pname, str)
+        names |= (
+            {f.name for f in dataclasses.fields(tp) if f.init} if dataclasses.is_dataclass(tp) else {pname}
+        )
+    bad = []
+    for k in sorted(set(config) - names):
+        near = difflib.get_close_matches(k, names, n=1)
+        bad.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    if bad:
+        raise ValueError(f"--config {path}: `specdraft {cmd}` has no setting {', '.join(bad)}")
+    return config
+
+
+def _record(cmd: str, settings: dict) -> None:
+    """The settings a finished command ran with, beside its output: OUT/<command>_settings.json (train writes
+    its own as it starts; an export's go into its marker file, the one extra file an export holds)."""
+    from specdraft import runtime
+
+    out = settings.get("out")
+    if cmd == "train" or not out or not Path(out).is_dir():
+        return
+    if cmd == "export":
+        marker = Path(out) / "specdraft_export.json"
+        if marker.is_file():
+            runtime.write_settings(marker, cmd, settings, keep=json.loads(marker.read_text()))
+        return
+    runtime.write_settings(Path(out) / f"{cmd}_settings.json", cmd, settings)
 
 
 def _hint(cmd: str, argv: list[str], kwargs: dict) -> str:

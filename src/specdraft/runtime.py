@@ -18,6 +18,8 @@ from pathlib import Path
 RESOLVED: dict[str, str] = {}
 #: where each setting of the running command came from: name -> "command line" or "config FILE"
 GIVEN: dict[str, str] = {}
+#: whether the running command was parsed from a command line (`cli.main`), where GIVEN is known
+FROM_COMMAND_LINE = False
 _warned: set[str] = set()
 
 SETTINGS_VERSION = 1
@@ -63,18 +65,23 @@ def _plain(v):
     return v
 
 
-def write_settings(path: Path, command: str, settings: dict) -> Path:
-    """Write `settings` (flat: option name -> value) as `path`, with what `auto` resolved to; returns it."""
+def settings_doc(command: str, settings: dict, name: str = "FILE") -> dict:
+    """The settings file's content: `settings` (flat: option name -> value), with what `auto` resolved to."""
     from specdraft import __version__
 
-    doc = {
+    return {
         "command": command,
         "specdraft_version": __version__,
         "settings_version": SETTINGS_VERSION,
         "settings": {k: _plain(v) for k, v in settings.items()},
         "resolved": dict(RESOLVED),
-        "note": f"a valid `specdraft {command} --config {path.name}`; options on the command line override it",
+        "note": f"a valid `specdraft {command} --config {name}`; options on the command line override it",
     }
+
+
+def write_settings(path: Path, command: str, settings: dict, keep: dict | None = None) -> Path:
+    """Write the settings file of `settings` as `path` (atomically; `keep`: other keys to keep); returns it."""
+    doc = {**(keep or {}), **settings_doc(command, settings, path.name)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")

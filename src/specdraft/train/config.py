@@ -43,7 +43,7 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
     max_length: int = 2048  # longer samples are truncated to this many tokens
     max_samples: int = 0  # use only the first N samples (0 = all)
-    recipe: str = "auto"  # the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto applies it under 500k scored tokens when none of those is given (and says so), on, off
+    recipe: str = "auto"  # the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off
     lr: float = 1e-4  # peak learning rate of AdamW
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
     schedule: str = "cosine"  # after warmup: cosine, linear, constant, wsd (constant, linear at the end)
@@ -72,6 +72,11 @@ class TrainConfig:
         ""  # also report to, comma-separated: tensorboard, wandb, trackio, mlflow (offline, in OUT)
     )
     progress: bool = True  # show a progress bar
+    draft: str = "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
+    block_size: int = 8  # --draft dflash: tokens per block, the anchor then block_size - 1 drafted
+    draft_layers: int = 1  # --draft dflash: decoder layers of the draft
+    anchors: int = 64  # --draft dflash: blocks (anchors) sampled per sequence per step
+    mask_token_id: int = -1  # --draft dflash: token id the served format puts in mask slots (-1 = the last vocabulary row)
 
     def problems(self) -> list[str]:
         """Every user error in these settings (empty when all is well)."""
@@ -97,6 +102,8 @@ class TrainConfig:
             errs.append(f"--ema must be in [0, 1), not {self.ema}")
         if self.ema and self.fsdp:
             errs.append("--ema with --fsdp is not supported yet (the average is kept whole): drop one")
+        if self.draft not in ("eagle3", "dflash"):
+            errs.append(f"--draft must be eagle3 or dflash, not {self.draft!r}")
         if self.fc_init not in ("random", "high"):
             errs.append(f"--fc-init must be random or high, not {self.fc_init!r}")
         if self.schedule not in ("cosine", "linear", "constant", "wsd"):
@@ -180,17 +187,31 @@ SMALL_RUN_BELOW = 500_000
 
 
 def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
-    """The settings a run trains with, and a line saying what the recipe changed ("" when nothing).
+    """The settings a run trains with, and a line saying which of the recipe's settings came from where ("" when
+    the recipe does not apply).
 
-    `on` fills in SMALL_RUN for each of its settings left at the library default; `auto` does so only under
-    SMALL_RUN_BELOW scored tokens and when none of them was given (a run being tuned is left as given). EMA is
+    `on` fills in SMALL_RUN for each of its settings not given; `auto` does so under SMALL_RUN_BELOW scored
+    tokens. Given: named on the command line or in a --config file (`runtime.GIVEN`), or away from the library
+    default. A Python caller (no command line) that sets any of them gets `auto` as off: it is tuning. EMA is
     left out under --fsdp (not supported there yet)."""
-    given = [k for k in SMALL_RUN if getattr(cfg, k) != getattr(_DEFAULTS, k)]
-    if cfg.recipe == "off" or (cfg.recipe == "auto" and (given or scored >= SMALL_RUN_BELOW)):
+    from specdraft import runtime
+
+    given = runtime.GIVEN if runtime.FROM_COMMAND_LINE else {}
+    source = {
+        k: given.get(k, "given") for k in SMALL_RUN if k in given or getattr(cfg, k) != getattr(_DEFAULTS, k)
+    }
+    tuned = bool(source) and not runtime.FROM_COMMAND_LINE
+    if cfg.recipe == "off" or (cfg.recipe == "auto" and (tuned or scored >= SMALL_RUN_BELOW)):
         return cfg, ""
-    fill = {k: v for k, v in SMALL_RUN.items() if k not in given and not (k == "ema" and cfg.fsdp)}
+    fill = {k: v for k, v in SMALL_RUN.items() if k not in source and not (k == "ema" and cfg.fsdp)}
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
-    said = f"train: the small-run recipe ({why}): {flags(fill)}; --recipe off keeps the defaults"
+    parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}"]
+    for where in dict.fromkeys(source.values()):
+        parts.append(f"{where}: {flags({k: getattr(cfg, k) for k, w in source.items() if w == where})}")
+    left = [k for k in SMALL_RUN if k not in source and k not in fill]
+    if left:
+        parts.append(f"default: {flags({k: getattr(cfg, k) for k in left})}")
+    said = f"train: settings from {'; '.join(parts)} (--recipe off keeps the library defaults)"
     return replace(cfg, **fill), said
 
 

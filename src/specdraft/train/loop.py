@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import time
@@ -27,7 +28,7 @@ from torch import nn
 
 from specdraft.fileio import DirLock
 from specdraft.model.checkpoint import EMBED_KEY, latest_checkpoint, load_draft, save_draft
-from specdraft.runtime import resolve_device, resolve_dtype
+from specdraft.runtime import resolve_device, resolve_dtype, write_settings
 from specdraft.train.ahead import Ahead
 from specdraft.train.batches import (
     Batch,
@@ -491,7 +492,10 @@ def _finish(run: _Run, log: MetricsLog, step: int, val: dict | None) -> Path:
     if run.rank == 0:
         draft_cpu = run.st.draft if not run.sharded else load_draft(latest_checkpoint(run.out_dir))
         with disk_errors_named(final):
-            save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, **run.st.provenance}})
+            settings = json.loads((run.out_dir / SETTINGS_FILE).read_text())["settings"]  # as it started
+            save_draft(draft_cpu, final, extra={"train": {"steps": step, "val": val, "settings": settings,
+                                                          **run.st.provenance}})  # fmt: skip
+            write_settings(final / SETTINGS_FILE, "train", settings)
         plot_metrics(log.path, run.out_dir / "training.png")
         log.close()
         print(f"train: done, {step} steps -> {final}", flush=True)
@@ -520,7 +524,20 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
         else contextlib.nullcontext()
     )
     with lock:
+        if cfg.draft == "dflash":  # block-parallel draft: its own loop over the same data (train/block)
+            from specdraft.train.block.run import train_dflash
+
+            return train_dflash(shards, out_dir, cfg)
         return train_loop(shards, out_dir, cfg)
+
+
+#: the settings a run trains with, in OUT and in OUT/final: `specdraft train --config FILE` reads it back
+SETTINGS_FILE = "train_settings.json"
+
+
+def run_settings(shards: str, out_dir: Path, cfg: TrainConfig) -> dict:
+    """`train`'s flat settings (the positionals, then every TrainConfig field): a settings file's content."""
+    return {"shards": shards, "out": str(out_dir), **asdict(cfg)}
 
 
 def resume_hint(argv: list[str], out: str) -> str:
@@ -541,6 +558,8 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
 
     # --- setup: processes, data, draft, teacher, optimizer, schedule ----------------------------------------
     run = _build(shards, out_dir, cfg)
+    if run.rank == 0:  # the settings trained with (the recipe's where it applied): a valid --config FILE
+        write_settings(out_dir / SETTINGS_FILE, "train", run_settings(shards, out_dir, run.cfg))
     try:
         return _train(run, ckpt)
     finally:  # an online source's engine (vLLM: other processes) ends with the run, failed or not
