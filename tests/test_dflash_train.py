@@ -1,0 +1,62 @@
+"""`train --draft dflash` on shards extracted with any layer set: trains, validates per block slot, resumes
+exactly; the EAGLE-3 trainer refuses such data with its reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import conversations, write_jsonl
+
+from specdraft.model.dflash_files import load_dflash
+from specdraft.train.block.run import train_dflash
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tiny_llama_dir):
+    from specdraft.capture.extract import extract
+    from specdraft.data.prepare import prepare
+
+    d = tmp_path_factory.mktemp("dflash-data")
+    src = write_jsonl(d / "c.jsonl", conversations(24, seed=2))
+    ds = prepare(str(src), str(d / "ds"), target=str(tiny_llama_dir), max_length=96)
+    return extract(str(ds), str(d / "shards"), target=str(tiny_llama_dir), samples_per_shard=16, layers=[1, 3, 5, 6],
+                   max_tokens_per_batch=512, skip_doctor=True, store_dtype="float32")  # fmt: skip
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(draft="dflash", draft_vocab_size=128, block_size=4, anchors=8, max_tokens=600, max_length=96,
+                epochs=1, max_steps=4, lr=3e-3, warmup_ratio=0.1, val_fraction=0.1, checkpoint_every=2,
+                progress=False, tensorboard=False)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def test_train_dflash_end_to_end(shards, tmp_path):
+    final = train(str(shards), str(tmp_path / "out"), cfg())
+    d = load_dflash(final)
+    assert d.cfg.aux_layer_ids == [1, 3, 5, 6] and d.cfg.block_size == 4 and d.cfg.target_num_layers == 8
+    assert d.fc.weight.shape[1] == 4 * 64 and d.cfg.mask_token_id == d.cfg.vocab_size - 1
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val"] for r in rows if "val" in r]
+    assert len(vals) == 2 and len(vals[-1]["acc"]) == 3 and vals[-1]["blocks"] > 0
+    steps = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[0]["tau"] >= 1.0
+
+
+def test_resume_is_exact(shards, tmp_path):
+    a = load_dflash(train_dflash(str(shards), tmp_path / "a", cfg()))
+    train_dflash(str(shards), tmp_path / "b", cfg(), _stop_at=2)
+    b = load_dflash(train_dflash(str(shards), tmp_path / "b", cfg(resume=True)))
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k
+
+
+def test_eagle3_refuses_dflash_data_and_dflash_refuses_unsupported(shards, tmp_path):
+    with pytest.raises(ValueError, match="EAGLE-3 needs 3 aux layers"):
+        train(str(shards), str(tmp_path / "e"), cfg(draft="eagle3", ttt_steps=2))
+    with pytest.raises(ValueError, match="does not support --fsdp"):
+        train_dflash(str(shards), tmp_path / "f", cfg(fsdp=True))
+    assert "--draft must be eagle3 or dflash" in " ".join(cfg(draft="x").problems())
