@@ -73,8 +73,14 @@ def load_eval_draft(spec: str, target, counts: str = "", draft_vocab_size: int =
     if layers:
         raise ValueError("eval: --layers applies to `untrained` only: a trained draft reads the aux layer ids it "
                          "was trained with")  # fmt: skip
+    from specdraft.model.checkpoint import draft_dir
+    from specdraft.model.dflash_files import is_dflash_dir, load_dflash
+
+    saved = draft_dir(spec)
+    if saved is not None and is_dflash_dir(saved):  # a DFlash draft: its final/ or newest checkpoint
+        return load_dflash(saved).to(target.device)
     try:
-        return load_trained(spec)
+        return load_trained(spec, target=target)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e}; or pass `{UNTRAINED}` for a fresh draft") from None
 
@@ -200,7 +206,10 @@ def run_evaluation(
         raise ValueError("the target was loaded without its tokenizer: load it with with_tokenizer=True")
     if not drafts:
         raise ValueError("no drafts to evaluate: pass at least one (a checkpoint dir or `untrained`)")
-    specs = {name: Speculator(target, d) for name, d in drafts.items()}
+    from specdraft.decode.block import BlockSpeculator
+    from specdraft.model.dflash import DFlashDraft
+
+    specs = {name: (BlockSpeculator if isinstance(d, DFlashDraft) else Speculator)(target, d) for name, d in drafts.items()}
     tok = target.tokenizer
     if not cfg.stop_ids:
         stops = stop_ids(tok, getattr(target.model, "generation_config", None))

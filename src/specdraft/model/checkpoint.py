@@ -26,6 +26,7 @@ import torch
 from specdraft.fileio import tmp_path
 from specdraft.model.draft import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, Eagle3Draft
 from specdraft.model.frozen import EmbedSource, load_embeddings
+from specdraft.model.published import adopt, is_published, published_config, published_kind, published_state
 
 STATE_FILE = "train_state.pt"  # optimizer, schedule, RNG and data position of a training checkpoint
 LATEST_FILE = "latest"  # OUT/checkpoints/latest: the name of the newest complete checkpoint
@@ -79,8 +80,11 @@ def load_draft_config(path: str | Path) -> DraftConfig:
                                 "`checkpoints/step_*/` directory written by `specdraft train`")  # fmt: skip
     meta = json.loads(p.read_text())
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{p} has format {meta.get('format')!r}, not {FORMAT!r}: is this an exported checkpoint? "
-                         "load the training output instead")  # fmt: skip
+        kind = published_kind(meta)
+        if kind is not None:  # a published EAGLE-3 draft (speculators or EAGLE-3's layout, ours exported too)
+            return published_config(meta, kind)
+        raise ValueError(f"{p} has format {meta.get('format')!r}: neither a specdraft draft ({FORMAT!r}) nor a "
+                         "published EAGLE-3 draft (speculators' Eagle3Speculator or LlamaForCausalLMEagle3)")  # fmt: skip
     return DraftConfig(**meta["config"])
 
 
@@ -94,7 +98,9 @@ def load_draft_state(
     """
     from safetensors.torch import load_file
 
-    load_draft_config(path)  # the clear error for a directory that is no saved draft
+    cfg = load_draft_config(path)  # the clear error for a directory that is no saved draft
+    if is_published(path):
+        return published_state(path, cfg)
     state = load_file(str(Path(path) / WEIGHTS_FILE))
     meta = json.loads((Path(path) / CONFIG_FILE).read_text())
     source = meta.get("embed_tokens")
@@ -153,14 +159,19 @@ def draft_dir(path: str | Path) -> Path | None:
     return latest_checkpoint(p) if (p / "checkpoints").is_dir() else None
 
 
-def load_trained(path: str | Path, with_embeddings: bool = True) -> Eagle3Draft:
-    """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`) or a `specdraft train` output dir.
+def load_trained(path: str | Path, with_embeddings: bool = True, target=None) -> Eagle3Draft:
+    """A draft from a saved draft dir (`final/`, `checkpoints/step_*/`), a `specdraft train` output dir, or a
+    published EAGLE-3 draft (speculators format or EAGLE-3's layout; `model.published`).
 
     A train output dir gives its `final/` draft when training finished, else its newest checkpoint.
-    `with_embeddings=False`: see `load_draft` (export does not need them).
+    `with_embeddings=False`: see `load_draft` (export does not need them). `target` (a loaded target): a
+    published draft takes its embeddings, and its default aux layer ids when the draft records none.
     """
     d = draft_dir(path)
     if d is None:
         raise FileNotFoundError(f"{path} is neither a saved draft dir (with {CONFIG_FILE}) nor a `specdraft train` "
                                 "output dir (with final/ or checkpoints/)")  # fmt: skip
-    return load_draft(d, with_embeddings=with_embeddings)
+    draft = load_draft(d, with_embeddings=with_embeddings)
+    if target is not None and is_published(d):
+        adopt(draft, target)
+    return draft

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from specdraft.model.checkpoint import draft_dir, load_draft, load_draft_config
+from specdraft.model.checkpoint import draft_dir, load_draft_config, load_trained
 from specdraft.model.draft import Eagle3Draft, build_draft
+from specdraft.runtime import resolve_dtype
 from specdraft.train.batches import OnlineSource, ScatteredSource, ShardSource, split_sids
 from specdraft.train.config import TrainConfig, with_recipe
 from specdraft.train.ttt import TeacherHead
@@ -195,11 +196,7 @@ def _check_complete(ss, data: str, allow_partial: bool) -> None:
 
 def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     """Open the data (shards or, online, a dataset + the target), build the draft and the teacher head."""
-    target_dtype = (
-        "bfloat16"
-        if (cfg.dtype or ("bfloat16" if device.type == "cuda" else "float32")) == "bfloat16"
-        else "float32"
-    )
+    target_dtype = "bfloat16" if resolve_dtype(cfg.dtype, str(device)) == "bfloat16" else "float32"
     opened = (_open_online if cfg.online else _open_offline)(data, cfg, device, target_dtype)
     tgt, layer_ids, prov = opened.target, opened.layer_ids, opened.provenance
     cfg, said = with_recipe(cfg, opened.scored)
@@ -264,6 +261,12 @@ def _mismatch(p: Path, dc, name: str, chash: str, layer_ids: list[int], online: 
                 f"{dc.target_config_hash}) than the data's ({name}, config hash {chash}): pass --init-from a draft "
                 f"trained for {name}, or drop --init-from to start a fresh draft"]  # fmt: skip
     aux, have = list(dc.aux_layer_ids), list(layer_ids[:3])
+    if (
+        not aux and len(layer_ids) > 3 and layer_ids[3]
+    ):  # a published draft that records none reads EAGLE-3's default ids
+        from specdraft.targets import default_aux_layer_ids
+
+        aux = default_aux_layer_ids(layer_ids[3])
     if aux != have:
         spelled = " ".join(map(str, aux))
         fix = (
@@ -281,13 +284,15 @@ def warm_draft(path: str, target, aux_layer_ids: list[int]) -> tuple[Eagle3Draft
     assert p is not None, "init_problems vets the path before setup"
     dc = load_draft_config(p)
     name = getattr(target, "path", "") or getattr(target, "name", "")
-    errs = _mismatch(p, dc, name, target.config_hash, [*aux_layer_ids], online=False)
+    errs = _mismatch(
+        p, dc, name, target.config_hash, [*aux_layer_ids, getattr(target, "num_layers", 0)], online=False
+    )
     if dc.hidden_size != target.hidden_size or dc.vocab_size != target.vocab_size:
         errs.append(f"--init-from {p}: its sizes (hidden {dc.hidden_size}, vocab {dc.vocab_size}) are not the target's "
                     f"(hidden {target.hidden_size}, vocab {target.vocab_size})")  # fmt: skip
     if errs:
         raise ValueError("train: " + "; ".join(errs))
-    return load_draft(p), str(p)
+    return load_trained(p, target=target), str(p)
 
 
 def _lr_lambda(cfg: TrainConfig, total: int):
