@@ -133,7 +133,7 @@ def test_cli_names_a_full_disk_reported_by_a_library_and_train_checks_space_firs
     assert cli.main(["verify", "x"]) == 2
     err = capsys.readouterr().err
     assert "no space left on the device" in err and "Traceback" not in err
-    with pytest.raises(OSError, match=r"only 1 MiB are free: free space, choose another --out"):
+    with pytest.raises(OSError, match=r"only 1 MiB are free: free space, choose another OUT directory"):
         monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 1 << 20})())
         loop._check_disk(tmp_path, 10_000_000, keep=2)
     monkeypatch.undo()

@@ -51,51 +51,82 @@ RESUME_HINTS = {
 
 
 def _arg_docs(fn) -> dict[str, str]:
+    """Each parameter's text in the docstring's `Args:` section, at whatever indentation the section sits."""
     doc = inspect.getdoc(fn) or ""
-    out, cur = {}, None
-    in_args = False
+    out, cur, indent = {}, None, None
     for line in doc.splitlines():
         if line.strip() == "Args:":
-            in_args = True
+            indent = len(line) - len(line.lstrip())
             continue
-        if in_args:
-            m = re.match(r"^\s{4}(\w+):\s*(.*)$", line)
-            if m:
-                cur = m.group(1)
-                out[cur] = m.group(2)
-            elif line.startswith("        ") and cur:
-                out[cur] += " " + line.strip()
-            elif line.strip():
-                in_args = False
+        if indent is None:
+            continue
+        depth = len(line) - len(line.lstrip())
+        m = re.match(r"^(\w+):\s*(.*)$", line.strip())
+        if m and depth == indent + 4:
+            cur = m.group(1)
+            out[cur] = m.group(2)
+        elif line.strip() and depth > indent + 4 and cur:
+            out[cur] += " " + line.strip()
+        elif line.strip():
+            indent = None
     return out
 
 
 def _field_docs(cls) -> dict[str, str]:
-    """One-line field docs of a dataclass: the trailing `# comment` of each field line."""
+    """Field docs of a dataclass: the `# comment`s on each field's lines (a field written over several lines,
+    its comment wrapped inside the parentheses, included), read with `ast` and `tokenize`."""
+    import ast
+    import io
+    import textwrap
+    import tokenize
+
     docs = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        for line in inspect.getsource(klass).splitlines():
-            m = re.match(r"^\s+(\w+)\s*:[^#]*#\s*(.*)$", line)
-            if m:
-                docs[m.group(1)] = m.group(2)
+        src = textwrap.dedent(inspect.getsource(klass))
+        comments = {}
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            text = tok.string.lstrip("#").strip()
+            if tok.type == tokenize.COMMENT and not text.startswith(("fmt:", "noqa", "type:")):
+                comments[tok.start[0]] = text
+        for node in ast.parse(src).body[0].body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                found = [comments[n] for n in lines if n in comments]
+                if found:
+                    docs[node.target.id] = " ".join(found)
     return docs
 
 
 def _unwrap(tp):
-    """(base type, is_list) of an annotation such as `int`, `list[int] | None`, `str | None`."""
+    """(base type, is_list, choices) of an annotation such as `int`, `list[int] | None`, `Literal["a", "b"]`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _unwrap(args[0])
     if origin in (list, tuple):
-        return typing.get_args(tp)[0], True
-    return tp, False
+        base, _, choices = _unwrap(typing.get_args(tp)[0])
+        return base, True, choices
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        return type(choices[0]), False, choices
+    return tp, False, None
+
+
+def _shown(default) -> str:
+    """How --help shows a default."""
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None or default == []:
+        return "none"
+    if default == "":
+        return "empty"
+    return " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
 
 
 def _add(parser, name: str, tp, default, help_text: str, positional: bool, from_config: bool = False) -> None:
-    base, is_list = _unwrap(tp)
+    base, is_list, choices = _unwrap(tp)
     flag = name.replace("_", "-")
     if positional and from_config:  # given by --config: the command line may still name it
         parser.add_argument(name, type=base, nargs="*" if is_list else "?", default=default,
@@ -104,18 +135,18 @@ def _add(parser, name: str, tp, default, help_text: str, positional: bool, from_
         parser.add_argument(name, type=base, nargs="+" if is_list else None, help=help_text)
     elif base is bool:
         parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction, default=default,
-                            help=help_text)  # fmt: skip
+                            help=f"{help_text} (default: {_shown(default)})")  # fmt: skip
     else:
-        shown = f" (default: {default})" if default not in (None, "", []) else ""
         parser.add_argument(f"--{flag}", dest=name, type=base, nargs="+" if is_list else None, default=default,
-                            help=help_text + shown)  # fmt: skip
+                            choices=choices, metavar=None if choices else flag.upper().replace("-", "_"),
+                            help=f"{help_text} (default: {_shown(default)})")  # fmt: skip
 
 
 def build_parser(fns: dict, config: dict | None = None) -> tuple[argparse.ArgumentParser, dict]:
     """The parser of every command in `fns`; `config` (name -> value, from --config) replaces defaults."""
     config = config or {}
-    parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="specdraft", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     dataclass_params: dict[str, dict[str, type]] = {}
     for cmd, fn in fns.items():
         doc = inspect.getdoc(fn) or ""
@@ -131,7 +162,7 @@ def build_parser(fns: dict, config: dict | None = None) -> tuple[argparse.Argume
                 dataclass_params[cmd][pname] = tp
                 fdocs = _field_docs(tp)
                 fhints = typing.get_type_hints(tp)
-                group = p.add_argument_group(pname)
+                group = p.add_argument_group(f"{cmd} settings")
                 for f in dataclasses.fields(tp):
                     if not f.init:
                         continue
@@ -153,6 +184,58 @@ def build_parser(fns: dict, config: dict | None = None) -> tuple[argparse.Argume
     return parser, dataclass_params
 
 
+#: what users of other trainers type -> our option (speculators, SpecForge, EAGLE's scripts, HF Trainer)
+SYNONYMS = {
+    "learning-rate": "lr", "num-epochs": "epochs", "num-train-epochs": "epochs", "ttt-length": "ttt-steps",
+    "ttt-len": "ttt-steps", "ttt-steps-num": "ttt-steps", "max-seq-length": "max-length", "max-len": "max-length",
+    "draft-vocab": "draft-vocab-size", "target-model-path": "target", "target-model": "target",
+    "verifier": "target", "save-interval": "checkpoint-every", "save-steps": "checkpoint-every",
+    "eval-interval": "val-every", "eval-steps": "val-every", "log-interval": "log-every",
+    "log-steps": "log-every", "warmup-steps": "warmup-ratio", "batch-size": "max-tokens",
+    "tp-size": "tensor-parallel-size", "tp": "tensor-parallel-size", "resume-from-checkpoint": "resume",
+    "num-speculative-tokens": "k", "speculative-tokens": "k",
+}  # fmt: skip
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, where an unknown option names the nearest one the command has (or the one it is called here)."""
+
+    def error(self, message: str):
+        m = re.match(r"unrecognized arguments: (.*)", message)
+        if m:
+            hints = [h for h in (self._suggest(a) for a in m.group(1).split() if a.startswith("--")) if h]
+            if hints:
+                message += "; " + "; ".join(hints)
+        super().error(message)
+
+    def _suggest(self, arg: str) -> str:
+        import difflib
+
+        word = arg.split("=")[0]
+        cmd = self._subcommand()
+        options = {s for a in cmd._actions for s in a.option_strings if s.startswith("--")} if cmd else set()
+        if not options:
+            return ""
+        near = SYNONYMS.get(word[2:])
+        if near and f"--{near}" in options:
+            return f"{word}: specdraft {cmd.prog.split()[-1]} calls it --{near}"
+        close = difflib.get_close_matches(word, options, n=1, cutoff=0.7)
+        return f"{word}: did you mean {close[0]}?" if close else ""
+
+    def _subcommand(self) -> argparse.ArgumentParser | None:
+        """The parser of the command being parsed (self when it is one)."""
+        if self.prog != "specdraft":
+            return self
+        wanted = next((a for a in _ARGV if not a.startswith("-")), None)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(wanted) or (
+                    next(iter(action.choices.values())) if len(action.choices) == 1 else None
+                )
+        return None
+
+
+_ARGV: list[str] = []  # the command line being parsed (for _Parser's suggestions)
 _RECORDING: dict[type, type] = {}
 
 
@@ -231,6 +314,7 @@ def _parse(fns: dict, argv: list[str]) -> tuple[str, dict, dict | None]:
     none; the settings are None after --print-config printed them. Records where each came from in GIVEN."""
     from specdraft import runtime
 
+    _ARGV[:] = argv
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     pre.add_argument("--print-config", action="store_true")

@@ -121,7 +121,7 @@ def _check_same_data(ckpt: Path, old: dict, now: dict) -> None:
     for key in ("extraction", "dataset_hash"):
         if key in old and old[key] != now.get(key):
             raise ValueError(f"train --resume: {ckpt} was trained on other data ({key} {old[key]} there, "
-                             f"{now.get(key)} now): resume with the data it started on, or start a new --out")  # fmt: skip
+                             f"{now.get(key)} now): resume with the data it started on, or start in a new OUT directory")  # fmt: skip
 
 
 def _load_train_state(
@@ -141,7 +141,7 @@ def _load_train_state(
                 "before --recipe existed: --recipe off)")  # fmt: skip
     if changed or state["plan_hash"] != plan_hash:
         raise ValueError(f"train --resume: {ckpt} was written with other settings ({', '.join(changed) or 'data'})"
-                         f"{hint}: resume with the same settings and data, or start a new --out")  # fmt: skip
+                         f"{hint}: resume with the same settings and data, or start in a new OUT directory")  # fmt: skip
     return state
 
 

@@ -150,7 +150,7 @@ def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None and not cfg.resume:
         errors.append(f"{out_dir} already holds checkpoints (newest {ckpt.name}): pass --resume to continue, "
-                      "or choose a new --out")  # fmt: skip
+                      "or choose another OUT directory")  # fmt: skip
     if cfg.resume and ckpt is None:
         errors.append(f"--resume: no checkpoint under {out_dir}/checkpoints to resume from")
     if errors:
@@ -241,7 +241,7 @@ def _check_disk(
         raise OSError(f"train needs ~{need / 2**20:.0f} MiB in {out_dir}: {keep} checkpoint(s) of ~{per_ckpt / 2**20:.0f} "
                       f"MiB, one more while it is written, and {out_dir / 'final'} of ~{final / 2**20:.0f} MiB (the "
                       f"draft with its frozen embedding), but only {free / 2**20:.0f} MiB are free: free space, "
-                      "choose another --out, or lower --keep-checkpoints")  # fmt: skip
+                      "choose another OUT directory, or lower --keep-checkpoints")  # fmt: skip
 
 
 def _resume(run: _Run, ckpt: Path) -> int:

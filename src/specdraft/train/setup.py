@@ -272,7 +272,7 @@ def _mismatch(p: Path, dc, name: str, chash: str, layer_ids: list[int], online: 
         fix = (
             f"pass --layers {spelled}"
             if online
-            else f"extract the data again with --layers {spelled} (a new --out)"
+            else f"extract the data again with --layers {spelled} (into a new OUT)"
         )
         return [f"--init-from {p} reads aux layers {aux}, the data holds {have}: {fix}"]
     return []
