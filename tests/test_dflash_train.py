@@ -80,3 +80,26 @@ def test_export_a_trained_dflash_draft(shards, tmp_path, tiny_llama_dir, capsys)
     assert hf.dflash_config["target_layer_ids"] == [0, 2, 4, 5]
     with pytest.raises(ValueError, match="SGLang's DFlash uses the target's full LM head"):
         export(str(final), str(tmp_path / "y"), format="sglang", target=str(tiny_llama_dir))
+
+
+def test_eval_reports_a_dflash_draft(shards, tmp_path, tiny_llama_dir):
+    from specdraft.decode.speculate import SpecConfig
+    from specdraft.eval.prompts import load_prompts
+    from specdraft.eval.reference import load_eval_draft, run_evaluation
+    from specdraft.model.dflash import DFlashDraft
+    from specdraft.targets import load_target
+
+    train(str(shards), str(tmp_path / "out"), cfg(max_steps=1))
+    q = write_jsonl(tmp_path / "q.jsonl", [{"question_id": i, "category": "writing",
+                                            "turns": [f"Write a poem about the sea {i}"]} for i in range(2)])  # fmt: skip
+    tgt = load_target(str(tiny_llama_dir))
+    draft = load_eval_draft(str(tmp_path / "out"), tgt)
+    assert isinstance(draft, DFlashDraft)
+    rep = run_evaluation(tgt, {"dflash": draft}, load_prompts(str(q)), SpecConfig(k=3, max_new_tokens=10),
+                         progress=False)  # fmt: skip
+    d = rep["drafts"]["dflash"]
+    assert d["lossless"]["ok"] is True and len(d["acceptance_rate_per_position"]) == 3
+    for r in rep["records"]:  # one target forward per round (a whole block verified), plus the prefill
+        dr = r["drafts"]["dflash"]
+        assert dr["target_forwards"] == 1 + len(dr["accepted"]) and all(a <= 3 for a in dr["accepted"])
+    assert set(d["round_ms"]) == {"draft", "verify", "target_step"}

@@ -5,9 +5,9 @@ target and not yet fed to it. The draft holds the keys/values of the fused targe
 (its context cache, one entry per layer). A round:
 
   1. catch-up: add the features of the tokens the target verified in the previous round to the context;
-  2. draft: one forward over the block [x_{n-1}, mask x (Q-1)] at positions n-1 .. n+Q-2 (non-causal inside
-     the block, attending to the whole context) gives the draft's distributions q_1 .. q_{Q-1} of x_n ..
-     x_{n+Q-2}; d_j is their argmax (T = 0) or a draw from q_j (T > 0);
+  2. draft: one forward over the block [x_{n-1}, mask x k] at positions n-1 .. n-1+k (k = min(cfg.k, Q - 1);
+     non-causal inside the block, attending to the whole context) gives the draft's distributions q_1 .. q_k
+     of x_n .. x_{n+k-1}; d_j is their argmax (T = 0) or a draw from q_j (T > 0);
   3. verify: one target forward over [x_{n-1}, d_1 .. d_{Q-1}];
   4. accept with the same rule as EAGLE-3 chains (`specdraft.decode.rules.accept_chain`): greedy keeps the
      longest prefix equal to the target's argmax, so the output equals target-only greedy decoding; under
@@ -61,10 +61,11 @@ class DFlashDrafter:
             ]
 
     @torch.inference_mode()
-    def propose(self, anchor: int, position: int) -> torch.Tensor:
-        """Draft logits (Q - 1, Vd) of the block's mask slots, for the anchor token at `position`."""
+    def propose(self, anchor: int, position: int, k: int) -> torch.Tensor:
+        """Draft logits (k, Vd) of a block [anchor, k mask slots] with the anchor at `position` (k <= block_size
+        - 1: a shorter block, as vLLM runs one with num_speculative_tokens below the trained block)."""
         assert self.kv is not None, "extend the context before proposing"
-        Q = self.draft.cfg.block_size
+        Q = k + 1
         ids = torch.tensor([[anchor] + [0] * (Q - 1)], device=self.device)  # (1, Q)
         is_mask = torch.arange(Q, device=self.device)[None] > 0  # (1, Q)
         pos = torch.arange(position, position + Q, device=self.device)[None]  # (1, Q)
@@ -80,7 +81,7 @@ def block_generate(
     generator: torch.Generator | None = None,
 ) -> GenResult:
     """Speculative decoding of one prompt with a DFlash draft (greedy or sampled); see the module docstring.
-    Each round drafts block_size - 1 tokens (`cfg.k` and the tree settings do not apply)."""
+    Each round drafts min(cfg.k, block_size - 1) tokens (the tree settings do not apply)."""
     t0 = _now()
     logits, aux = _prefill(target, prompt)
     drafter.reset()
@@ -102,8 +103,8 @@ def block_generate(
         c = len(drafter)
         assert pending.shape[0] == n - 1 - c, f"{pending.shape[0]} pending features for {n - 1 - c} positions"
         drafter.extend(pending, torch.arange(c, n - 1))
-        dlogits = drafter.propose(seq[-1], n - 1)  # (k, Vd)
-        k = dlogits.shape[0]
+        k = min(cfg.k, drafter.draft.cfg.block_size - 1)
+        dlogits = drafter.propose(seq[-1], n - 1, k)  # (k, Vd)
         if T == 0:
             toks = drafter.target_ids[dlogits.argmax(-1).cpu()].tolist()
             q = None

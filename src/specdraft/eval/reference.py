@@ -209,7 +209,10 @@ def run_evaluation(
     from specdraft.decode.block import BlockSpeculator
     from specdraft.model.dflash import DFlashDraft
 
-    specs = {name: (BlockSpeculator if isinstance(d, DFlashDraft) else Speculator)(target, d) for name, d in drafts.items()}
+    specs = {
+        name: (BlockSpeculator if isinstance(d, DFlashDraft) else Speculator)(target, d)
+        for name, d in drafts.items()
+    }
     tok = target.tokenizer
     if not cfg.stop_ids:
         stops = stop_ids(tok, getattr(target.model, "generation_config", None))
