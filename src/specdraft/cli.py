@@ -356,8 +356,9 @@ def _parse(fns: dict, argv: list[str]) -> tuple[str, dict, dict | None]:
         print(json.dumps(runtime.settings_doc(cmd, settings), indent=2))
         return cmd, kwargs, None
     if source.startswith("recorded"):
+        changed = sorted(k for k in given if k != "resume" and settings.get(k) != config.get(k))
         print(f"specdraft {cmd}: --resume: the settings {source}, with the command line's "
-              f"{', '.join('--' + k.replace('_', '-') for k in sorted(given) if k != 'resume') or 'none'} over them",
+              f"{', '.join('--' + k.replace('_', '-') for k in changed) or 'none'} over them",
               file=sys.stderr)  # fmt: skip
     return cmd, kwargs, settings
 
