@@ -75,17 +75,28 @@ def test_a_speculators_draft_loads_with_its_vocabulary_map(speculators, tiny_lla
     assert torch.equal(draft.embed_tokens.weight, tgt.embed_tokens.weight.float())  # the target's, frozen
 
 
-def test_eval_measures_a_published_draft(speculators, tiny_llama_dir, tmp_path):
+def test_eval_measures_a_published_draft(speculators, tiny_llama_dir, tmp_path, capsys):
+    """No --target: the one the draft names (speculators' verifier); k 3, as export writes."""
     q = write_jsonl(
         tmp_path / "q.jsonl", [{"question_id": 0, "category": "writing", "turns": ["Write a poem"]}]
     )
     out = tmp_path / "eval"
-    argv = ["eval", str(speculators), "--target", str(tiny_llama_dir), "--prompts", str(q), "--max-new-tokens", "6",
-            "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "eval",
+        str(speculators),
+        "--prompts",
+        str(q),
+        "--max-new-tokens",
+        "6",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0  # greedy: lossless
+    assert f"eval: --target {tiny_llama_dir} (the target {speculators} records)" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     d = report["drafts"][str(speculators)]
-    assert d["lossless"]["checked"] and d["lossless"]["ok"]
+    assert d["lossless"]["checked"] and d["lossless"]["ok"] and len(d["acceptance_rate_per_position"]) == 3
 
 
 def test_train_continues_a_published_draft(speculators, shards, tmp_path):  # noqa: F811

@@ -18,12 +18,12 @@ from specdraft.targets import EMBEDDED_DEFAULT
 
 def evaluate(
     draft: list[str],
-    target: str = EMBEDDED_DEFAULT,
+    target: str = "",
     prompts: str = "mtbench",
     turns: int = 1,
     max_prompts: int = 0,
     max_new_tokens: int = 128,
-    k: int = 5,
+    k: int = 3,
     tree: bool = False,
     topk: int = 8,
     depth: int = 6,
@@ -53,12 +53,13 @@ def evaluate(
     Args:
         draft: one or more drafts: a `specdraft train` output dir (newest checkpoint), a saved draft dir, or
             `untrained` (a fresh draft: the baseline for a trained one; tau ~1).
-        target: the target model (HF dir or id, or the embedded default smollm2-135m).
+        target: the target model (HF dir or id, or the embedded default smollm2-135m); default: the one the
+            first trained draft records, else smollm2-135m.
         prompts: `mtbench` (80 MT-bench questions) or a jsonl of questions (`turns`) or chats (`messages`).
         turns: 1 = first turns only; 2 = both turns (the 2nd turn follows the target's own first answer).
         max_prompts: evaluate N prompts, round-robin over categories (0 = all).
         max_new_tokens: tokens generated per turn.
-        k: chain drafting: draft tokens per round.
+        k: chain drafting: draft tokens per round (3, as export writes and the serve lines use).
         tree: draft a dynamic tree (EAGLE-2/3) instead of a chain.
         topk: tree: children per node and nodes kept per depth.
         depth: tree: maximum draft tokens along one path.
@@ -91,6 +92,7 @@ def evaluate(
     from specdraft.runtime import resolve_device, resolve_dtype
 
     engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args)
+    target = target or _recorded_target(draft)
     device = resolve_device(device, "eval")
     dtype = resolve_dtype(dtype, device)
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
@@ -98,6 +100,24 @@ def evaluate(
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
                          engine_kwargs, batch1_prompts, trust_remote_code, layers)  # fmt: skip
+
+
+def _recorded_target(draft: list[str]) -> str:
+    """The target the first trained draft records (the one it was trained for), else the embedded default."""
+    from specdraft.model.checkpoint import draft_dir, load_draft_config
+
+    for d in draft:
+        p = draft_dir(d) if d != UNTRAINED else None
+        if p is None:
+            continue
+        try:
+            name = load_draft_config(p).target_name
+        except (OSError, ValueError):
+            continue
+        if name:
+            print(f"eval: --target {name} (the target {p} records)", flush=True)
+            return name
+    return EMBEDDED_DEFAULT
 
 
 def _check_engine(engine: str, tensor_parallel_size: int, engine_args: str) -> dict:
