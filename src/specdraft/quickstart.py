@@ -57,7 +57,7 @@ class Budget:
     recipe: bool = False  # train with SMALL_RUN, the settings the scaling curve measured
 
 
-#: the small-run recipe (docs/training.md): the settings of the scaling curve's runs, on top of the budget's lr,
+#: the small-run recipe (docs/experiments.md): the settings of the scaling curve's runs, on top of the budget's lr,
 #: max_tokens and schedule (`train.config.SMALL_RUN`, benchmarks/ablate.py's best arm `best_spb2_fc_high_ema0.99`)
 SMALL_RUN = {k: v for k, v in TRAIN_RECIPE.items() if k not in ("lr", "max_tokens", "schedule")}
 
@@ -67,7 +67,7 @@ BUDGETS = {
         48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3, 2048, "cosine"
     ),  # a smoke run, a few minutes
     # default: what a fresh clone's 30 minutes on 2 cores buy, chosen from the measured scaling curve
-    # (docs/training.md, "The quickstart's budget"): one epoch of ~142k ShareGPT reply tokens (240 conversations,
+    # (docs/experiments.md, "The quickstart's budget"): one epoch of ~142k ShareGPT reply tokens (240 conversations,
     # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
     # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80)
     "default": Budget(240, 1024, 1, 8192, 3, 8, 64, 3, 0, 80, 8, 1e-3, 512, "constant", True),  # ~28 min
@@ -77,7 +77,7 @@ BUDGETS = {
 
 #: the measured scaling curve of this target (benchmarks/scaling.py, 2026-12-01, vLLM 0.32.0 on 2 CPU cores, 80
 #: MT-bench first turns, k=3, greedy): vLLM tau = a + b log10(reply tokens) for one epoch of ShareGPT replies
-#: with the small-run recipe, fitted over `range` (docs/training.md, "How much data")
+#: with the small-run recipe, fitted over `range` (docs/experiments.md, "How much data")
 CURVE = {"a": 0.4488, "b": 0.1642, "range": (25_000, 500_000)}
 
 

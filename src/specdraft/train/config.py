@@ -194,7 +194,7 @@ def init_problems(cfg: TrainConfig) -> list[str]:
 
 _DEFAULTS = TrainConfig()
 
-# the small-run recipe: measured against the defaults above along the scaling curve (docs/training.md)
+# the small-run recipe: measured against the defaults above along the scaling curve (docs/experiments.md)
 SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss": True, "decay": 0.5,
              "hard_weight": 1.0, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99}  # fmt: skip
 # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's measured range)
