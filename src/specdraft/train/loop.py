@@ -547,8 +547,9 @@ SETTINGS_FILE = "train_settings.json"
 
 
 def run_settings(shards: str, out_dir: Path, cfg: TrainConfig) -> dict:
-    """`train`'s flat settings (the positionals, then every TrainConfig field): a settings file's content."""
-    return {"shards": shards, "out": str(out_dir), **asdict(cfg)}
+    """`train`'s flat settings (the positionals, then every TrainConfig field but --resume, a way of running
+    them rather than one of them: the file starts a run like it, or resumes it with --resume): its content."""
+    return {"shards": shards, "out": str(out_dir), **{k: v for k, v in asdict(cfg).items() if k != "resume"}}
 
 
 def resume_hint(argv: list[str], out: str) -> str:
