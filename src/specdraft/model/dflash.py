@@ -199,10 +199,15 @@ class DFlashDraft(nn.Module):
         t2d[:vd] = True
         self.register_buffer("t2d", t2d)  # (V,)
 
-    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor | None = None) -> None:
-        """Copy the target's embedding (V, H) and the draft vocabulary's rows of its LM head; the mask
-        embedding starts at the embedding of `mask_token_id`."""
+    def init_from_target(
+        self, embed: torch.Tensor, lm_head: torch.Tensor | None = None, norm: torch.Tensor | None = None
+    ) -> None:
+        """Copy the target's embedding (V, H), the draft vocabulary's rows of its LM head and its final norm's
+        weight (the draft's `norm` starts as the target's, so the frozen head reads outputs at its scale);
+        the mask embedding starts at the embedding of `mask_token_id`."""
         with torch.no_grad():
+            if norm is not None:
+                self.norm.weight.copy_(norm)
             self.embed_tokens.weight.copy_(embed)
             self.mask_embedding.copy_(embed[self.cfg.mask_token_id])
             if lm_head is not None:

@@ -131,7 +131,10 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
         draft = DFlashDraft(dcfg)
         d2t, t2d = build_vocab_map(ss.token_counts(), dcfg.draft_vocab_size)
         draft.set_vocab(d2t, t2d)
-        draft.init_from_target(tgt.embed_tokens.weight.detach().float(), tgt.lm_head.weight.detach().float())
+        # the target's final norm weight, where its norm is weight * x (Gemma's is (1 + weight) * x: left at ones)
+        norm = None if "Gemma" in type(tgt.norm).__name__ else getattr(tgt.norm, "weight", None)
+        draft.init_from_target(tgt.embed_tokens.weight.detach().float(), tgt.lm_head.weight.detach().float(),
+                               None if norm is None or norm.shape != (dcfg.hidden_size,) else norm.detach().float())  # fmt: skip
     draft.to(device)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -163,7 +166,7 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
         for g in opt.param_groups:
             g["lr"] = cfg.lr * _lr(cfg, step, total)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        st = train_step(draft, opt, load(group), cfg.anchors, chunk=16, generator=gen)
+        st = train_step(draft, opt, load(group), cfg.anchors, chunk=64, generator=gen)
         if (step + 1) % cfg.log_every == 0:
             _log(out, {"step": step + 1, "lr": opt.param_groups[0]["lr"], **st.summary()})
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total or step + 1 == _stop_at:
