@@ -109,3 +109,13 @@ def test_training_png_is_drawn_with_the_checkpoints(tmp_path, shards, monkeypatc
     with pytest.raises(Stopped):
         main(["train", str(shards), str(tmp_path / "run"), *SMALL, "--max-steps", "3"])
     assert (tmp_path / "run" / "training.png").is_file() and not (tmp_path / "run" / "final").exists()
+
+
+def test_a_dflash_run_records_its_settings_too(tmp_path, shards):  # noqa: F811
+    out = tmp_path / "dflash"
+    argv = ["train", str(shards), str(out), "--draft", "dflash", "--draft-vocab-size", "64", "--block-size", "4",
+            "--anchors", "8", "--max-length", "96", "--max-steps", "1", "--val-fraction", "0", "--no-progress",
+            "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    written = settings(out / "train_settings.json")
+    assert written["draft"] == "dflash" and written["block_size"] == 4 and "resume" not in written

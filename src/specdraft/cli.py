@@ -392,7 +392,12 @@ def _record(cmd: str, settings: dict) -> None:
     from specdraft import runtime
 
     out = settings.get("out")
-    if cmd == "train" or not out or not Path(out).is_dir():
+    if not out or not Path(out).is_dir():
+        return
+    if cmd == "train":  # the EAGLE-3 loop writes its own as it starts (with the recipe's values); others here
+        if not (Path(out) / "train_settings.json").exists():
+            runtime.write_settings(Path(out) / "train_settings.json", cmd,
+                                   {k: v for k, v in settings.items() if k != "resume"})  # fmt: skip
         return
     if cmd == "export":
         marker = Path(out) / "specdraft_export.json"
