@@ -92,6 +92,7 @@ class TrainConfig:
     mask_token_id: int = (
         -1
     )  # --draft dflash: token id the served format puts in mask slots (-1 = the last vocabulary row)
+    train_mask_embedding: bool = True  # --draft dflash: train the mask slots' embedding (vLLM reads it from mask_embedding.pt); off keeps the target's embedding of --mask-token-id, which SGLang needs
 
     def problems(self) -> list[str]:
         """Every user error in these settings (empty when all is well)."""

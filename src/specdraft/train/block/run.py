@@ -4,7 +4,7 @@ The same data as EAGLE-3 (an extraction's shards, checked as `train` checks them
 the draft fuses every aux layer the extraction holds (all its `layer_ids` but the final one, which only
 EAGLE-3's teacher reads). The same settings where they apply (lr, warmup/schedule, max_steps, epochs,
 max_tokens, max_length, val_fraction, checkpoint_every, keep_checkpoints, seed, resume, draft_vocab_size),
-plus the block ones (block_size, draft_layers, anchors, mask_token_id). Single process; torchrun/FSDP,
+plus the block ones (block_size, draft_layers, anchors, mask_token_id, train_mask_embedding). Single process; torchrun/FSDP,
 online capture and trackers are EAGLE-3 only for now (refused here, not ignored).
 
 OUT holds metrics.jsonl (loss, per-slot accuracy, tau per logged step; validation rows), checkpoints/step_N
@@ -116,7 +116,7 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
     dcfg = DFlashConfig.from_target(
         tgt.text_config, aux_ids, draft_vocab_size=cfg.draft_vocab_size, num_hidden_layers=cfg.draft_layers,
         block_size=cfg.block_size, mask_token_id=cfg.mask_token_id if cfg.mask_token_id >= 0 else V - 1,
-        target_name=tgt.name, target_config_hash=tgt.config_hash,
+        target_name=tgt.name, target_config_hash=tgt.config_hash, train_mask_embedding=cfg.train_mask_embedding,
     )  # fmt: skip
     ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
     start = 0
