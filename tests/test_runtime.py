@@ -81,3 +81,20 @@ def test_train_under_torchrun_takes_its_local_gpu(gpu, monkeypatch):
     rank, world, dev = distributed._init_distributed(resolve_device("auto", "train"))
     assert (rank, world, str(dev)) == (1, 2, "cuda:1")
     assert calls == {"set_device": 1, "backend": "nccl"}
+
+
+def test_hashing_a_large_targets_weights_shows_its_progress(tmp_path, monkeypatch, capsys):
+    """Over the size where hashing takes a while (minutes for a 1 TB target), a bar over the bytes hashed."""
+    from safetensors.torch import save_file
+
+    from specdraft import fileio
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fileio, "_LOUD_BYTES", 0)  # every size counts as large here
+    d = tmp_path / "target"
+    d.mkdir()
+    for i in range(3):
+        save_file({f"w{i}": torch.zeros(256)}, str(d / f"model-0000{i}-of-00003.safetensors"))
+    fileio.weights_fingerprint(d, threads=2)
+    err = capsys.readouterr().err
+    assert "hashing weights" in err and "100%" in err

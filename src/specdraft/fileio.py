@@ -276,7 +276,7 @@ def _cached_digests(files: list[Path]) -> dict[Path, str]:
 def _hash_files(files: list[Path], threads: int) -> dict[Path, str]:
     """sha256 of each file, ``threads`` at a time; the digests of files that stayed still while read and
     were not modified in the last seconds are added to the cache."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     total = sum(p.stat().st_size for p in files)
     if total > _LOUD_BYTES:
@@ -284,8 +284,15 @@ def _hash_files(files: list[Path], threads: int) -> dict[Path, str]:
               f"weights from others; later runs read the digests from {cache_root()}", flush=True)  # fmt: skip
     workers = max(1, min(len(files), threads or os.cpu_count() or 1))
     start = time.time_ns()
-    with ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(_hash_file, files))
+    from tqdm import tqdm
+
+    # a large target's hash takes minutes: a bar over its bytes, advanced as each file is done
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="hashing weights", disable=total <= _LOUD_BYTES)
+    with ThreadPoolExecutor(workers) as pool, bar:
+        sizes = {pool.submit(_hash_file, p): p.stat().st_size for p in files}  # in the order of files
+        for fut in as_completed(sizes):
+            bar.update(sizes[fut])
+        results = [fut.result() for fut in sizes]
     digests = {p: digest for p, (digest, _) in zip(files, results)}
     keep = {str(p.resolve()): {"stat": key, "sha256": digest} for p, (digest, key) in zip(files, results)
             if key is not None and key[1] < start - _RECENT_NS}  # fmt: skip
