@@ -87,3 +87,69 @@ def test_rejects_another_target():
                        vocab_size=320, aux_layer_ids=[1, 2])  # fmt: skip
     with pytest.raises(ValueError, match="another target"):
         BlockSpeculator(target, DFlashDraft(cfg))
+
+
+class _BlockStub:
+    """A DFlashDrafter stand-in: slot j's logits are table[anchor] + j * shift (a block drafted at once)."""
+
+    def __init__(self, table, target_ids, block_size):
+        from types import SimpleNamespace
+
+        self.table, self.target_ids, self.n = table.float(), target_ids, 0
+        self.draft = SimpleNamespace(cfg=SimpleNamespace(block_size=block_size))
+        self.shift = torch.linspace(-1, 1, table.shape[1])
+
+    def reset(self):
+        self.n = 0
+
+    def __len__(self):
+        return self.n
+
+    def extend(self, aux, positions):
+        assert positions.tolist() == list(range(self.n, self.n + aux.shape[0]))
+        self.n += aux.shape[0]
+
+    def propose(self, anchor, position, k):
+        assert position == self.n  # the anchor sits right after the context
+        return torch.stack([self.table[anchor] + j * self.shift for j in range(k)])  # (k, Vd)
+
+
+def test_sampled_block_decoding_keeps_the_target_distribution():
+    """The joint law of the first 3 new tokens of sampled block decoding equals the target's."""
+    from collections import Counter
+
+    from test_speculate import BigramTarget, chi2_critical
+
+    from specdraft.decode.block import block_generate
+    from specdraft.decode.speculate import make_generator
+
+    Vt, temp, N = 4, 0.8, 2000
+    g = torch.Generator().manual_seed(5)
+    t_table = torch.randn(Vt, Vt, generator=g) * 1.2
+    d_ids = torch.tensor([0, 1, 3])  # token 2 is outside the draft vocabulary
+    d_table = torch.randn(Vt, 3, generator=g) * 1.2
+    P = torch.softmax(t_table / temp, -1)
+    exact = {
+        (a, b, c): float(P[1, a] * P[a, b] * P[b, c]) for a in range(Vt) for b in range(Vt) for c in range(Vt)
+    }
+    cfg = SpecConfig(k=3, temperature=temp, max_new_tokens=3)
+    gen = make_generator(11)
+    counts = Counter(
+        tuple(block_generate(BigramTarget(t_table), _BlockStub(d_table, d_ids, 3), [1], cfg, gen).tokens)
+        for _ in range(N)
+    )
+    cells = [c for c in exact if exact[c] * N >= 5]
+    rest_e = N * sum(exact[c] for c in exact if c not in cells)
+    rest_o = sum(v for c, v in counts.items() if c not in cells)
+    chi2 = sum((counts[c] - N * exact[c]) ** 2 / (N * exact[c]) for c in cells)
+    chi2 += (rest_o - rest_e) ** 2 / rest_e if rest_e > 0 else 0.0
+    assert chi2 < chi2_critical(len(cells)), (chi2, len(cells))
+    assert 0.5 * sum(abs(counts[c] / N - exact[c]) for c in exact) < 0.1
+
+
+def test_shorter_block_than_trained():
+    target = _repeat_target()
+    spec = BlockSpeculator(target, _copy_draft(block_size=5))
+    r = spec.generate([3, 9, 12, 40], SpecConfig(k=2, max_new_tokens=9))
+    assert r.tokens == [40] * 9 and r.drafted == [2] * 3 and r.accepted == [2] * 3
+    spec.close()
