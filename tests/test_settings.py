@@ -94,23 +94,6 @@ def test_every_command_takes_a_config_file_and_prints_its_settings(cmd, capsys):
     assert json.loads(capsys.readouterr().out)["command"] == cmd
 
 
-def test_training_png_is_drawn_with_the_checkpoints(tmp_path, shards, monkeypatch):  # noqa: F811
-    """A run stopped after its first checkpoint has its training.png so far (not only a finished run)."""
-    from specdraft.train import loop
-
-    class Stopped(Exception):
-        pass
-
-    def stop(step):
-        if step == 2:
-            raise Stopped
-
-    monkeypatch.setattr(loop, "_after_step", stop)
-    with pytest.raises(Stopped):
-        main(["train", str(shards), str(tmp_path / "run"), *SMALL, "--max-steps", "3"])
-    assert (tmp_path / "run" / "training.png").is_file() and not (tmp_path / "run" / "final").exists()
-
-
 def test_a_dflash_run_records_its_settings_too(tmp_path, shards):  # noqa: F811
     out = tmp_path / "dflash"
     argv = ["train", str(shards), str(out), "--draft", "dflash", "--draft-vocab-size", "64", "--block-size", "4",

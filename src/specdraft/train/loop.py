@@ -482,19 +482,8 @@ def _checkpoint(run: _Run, step: int) -> str:
         info = {**run.info, "ema": [e.cpu() for e in run.ema]}
         path = str(_save_checkpoint(run.out_dir, step, draft_cpu, full_opt, run.scheduler, info,
                                     run.cfg.keep_checkpoints, run.st.embed_source))  # fmt: skip
-        _plot_now(run.out_dir)
     barrier(run.world)
     return path
-
-
-PLOT_EVERY_S = 60.0  # training.png is redrawn with a checkpoint at most this often (and always at the end)
-
-
-def _plot_now(out_dir: Path) -> None:
-    """training.png so far, while the run goes on (a stopped run keeps one too)."""
-    png, metrics = out_dir / "training.png", out_dir / "metrics.jsonl"
-    if metrics.is_file() and (not png.exists() or time.time() - png.stat().st_mtime > PLOT_EVERY_S):
-        plot_metrics(metrics, png)
 
 
 def _finish(run: _Run, log: MetricsLog, step: int, val: dict | None) -> Path:
