@@ -49,6 +49,17 @@ def test_choices_are_listed_and_checked(capsys):
     assert "wandb" in opt["report_to"].help  # its comment wraps inside parentheses in the source
     assert "(default: off)" in opt["fsdp"].help and "(default: on)" in opt["progress"].help
     assert any(g.title == "train settings" for g in train._action_groups)
+    others = {cmd: {a.dest: a.choices for a in p._actions} for cmd, p in _parsers().items()}
+    assert others["export"]["format"] == ("speculators", "eagle3") and others["eval"]["engine"] == (
+        "hf",
+        "vllm",
+    )
+    assert others["extract"]["backend"] == ("hf", "vllm") and others["quickstart"]["budget"] == (
+        "tiny",
+        "default",
+        "large",
+    )
+    assert others["regenerate"]["turns"] == ("first", "all") and "auto" in others["extract"]["dtype"]
     with pytest.raises(SystemExit):
         main(["train", "a", "b", "--schedule", "cosin"])
     assert "invalid choice: 'cosin'" in capsys.readouterr().err

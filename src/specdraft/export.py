@@ -35,6 +35,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors.torch import save_file
@@ -417,10 +418,10 @@ def named_hub_id(export_dir: str | Path) -> str | None:
 def export(
     checkpoint: str,
     out: str,
-    format: str = "speculators",
+    format: Literal["speculators", "eagle3"] = "speculators",
     target: str = "",
     k: int = 3,
-    dtype: str = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     check_vllm: bool = True,
     trust_remote_code: bool = False,
     verifier: str = "",

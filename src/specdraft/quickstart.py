@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from specdraft.fileio import DirLock, atomic_write_text, changed_settings
 from specdraft.targets import EMBEDDED_DEFAULT
@@ -129,7 +130,10 @@ def _read_json(path: Path) -> dict:
 
 
 def quickstart(
-    out: str = "runs/quickstart", budget: str = "default", device: str = "auto", fresh: bool = False
+    out: str = "runs/quickstart",
+    budget: Literal["tiny", "default", "large"] = "default",
+    device: str = "auto",
+    fresh: bool = False,
 ) -> int:
     """Run prepare -> extract -> train -> eval -> export on the embedded default, resuming where it stopped.
 

@@ -20,7 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm import tqdm
@@ -69,9 +69,9 @@ def extract(
     out: str,
     target: str = "",
     layers: list[int] | None = None,
-    backend: str = "hf",
+    backend: Literal["hf", "vllm"] = "hf",
     device: str = "auto",
-    dtype: str = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     store_dtype: str = "bfloat16",
     max_tokens_per_batch: int = 4096,
     samples_per_shard: int = 64,

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tqdm import tqdm
@@ -354,19 +354,19 @@ def regenerate(
     data: str,
     out: str,
     target: str = EMBEDDED_DEFAULT,
-    engine: str = "auto",
+    engine: Literal["auto", "hf", "vllm"] = "auto",
     temperature: float = 0.0,
     top_p: float = 1.0,
     max_new_tokens: int = 512,
     max_samples: int = 0,
-    turns: str = "all",
+    turns: Literal["first", "all"] = "all",
     seed: int = 0,
     chunk_size: int = 32,
     max_prompt_tokens: int = 2048,
     chat_template: str = "",
     chat_template_kwargs: str = "",
     device: str = "auto",
-    dtype: str = "auto",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     tensor_parallel_size: int = 1,
     engine_args: str = "",
     trust_remote_code: bool = False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from specdraft.eval.prompts import rendering
 from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
@@ -32,12 +33,12 @@ def evaluate(
     counts: str = "",
     draft_vocab_size: int = 32000,
     device: str = "auto",
-    dtype: str = "auto",
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto",
     out: str = "runs/eval",
     seed: int = 0,
     progress: bool = True,
     threads: int = 0,
-    engine: str = "hf",
+    engine: Literal["hf", "vllm"] = "hf",
     tensor_parallel_size: int = 1,
     engine_args: str = "",
     batch1_prompts: int = 8,
