@@ -106,13 +106,18 @@ def test_eval_reports_a_dflash_draft(shards, tmp_path, tiny_llama_dir):
 
 
 def test_sglang_export_of_a_draft_trained_for_it(shards, tmp_path, tiny_llama_dir):
-    from specdraft.export import export
-
     final = train(str(shards), str(tmp_path / "out"),
                   cfg(max_steps=1, draft_vocab_size=10**6, train_mask_embedding=False, mask_token_id=3))  # fmt: skip
     d = load_dflash(final)
     assert torch.equal(d.mask_embedding, d.embed_tokens.weight[3]) and not d.mask_embedding.requires_grad
-    assert export(str(final), str(tmp_path / "s"), format="sglang", target=str(tiny_llama_dir)) == 0
+    from specdraft.cli import main
+
+    assert (
+        main(
+            ["export", str(final), str(tmp_path / "s"), "--format", "sglang", "--target", str(tiny_llama_dir)]
+        )
+        == 0
+    )
     raw = json.loads((tmp_path / "s" / "config.json").read_text())
     assert raw["dflash_config"] == {"target_layer_ids": [0, 2, 4, 5], "mask_token_id": 3}
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["config.json", "model.safetensors"]

@@ -418,7 +418,7 @@ def named_hub_id(export_dir: str | Path) -> str | None:
 def export(
     checkpoint: str,
     out: str,
-    format: Literal["speculators", "eagle3"] = "speculators",
+    format: Literal["speculators", "eagle3", "sglang"] = "speculators",
     target: str = "",
     k: int = 3,
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
@@ -432,7 +432,8 @@ def export(
         checkpoint: a `specdraft train` output dir, or a saved draft dir (`final/`, `checkpoints/step_*/`).
         out: the export directory: new, empty, or a previous export (replaced atomically); anything else is
             refused.
-        format: `speculators` (vLLM native) or `eagle3` (plain EAGLE-3 layout, SGLang and vLLM).
+        format: `speculators` (vLLM native) or `eagle3` (plain EAGLE-3 layout, SGLang and vLLM); a DFlash
+            draft: `speculators` (vLLM `dflash`) or `sglang` (the z-lab layout SGLang serves).
         target: the target model dir or id the draft serves (default: the one it was trained on).
         k: speculative tokens written as the default proposal length.
         dtype: weight dtype of the export: auto (bfloat16 when a GPU that supports it is present, for serving
