@@ -121,3 +121,13 @@ def test_sglang_export_of_a_draft_trained_for_it(shards, tmp_path, tiny_llama_di
     raw = json.loads((tmp_path / "s" / "config.json").read_text())
     assert raw["dflash_config"] == {"target_layer_ids": [0, 2, 4, 5], "mask_token_id": 3}
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_train_dflash_through_the_cli(shards, tmp_path):
+    from specdraft.cli import main
+
+    out = tmp_path / "cli"
+    argv = ["train", str(shards), str(out), "--draft", "dflash", "--block-size", "3", "--anchors", "4",
+            "--max-steps", "1", "--draft-vocab-size", "64", "--max-length", "64", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert load_dflash(out / "final").cfg.block_size == 3
