@@ -82,7 +82,7 @@ class OptionKeys:
 
 _CAPTURE = "specdraft.capture.vllm"
 #: the k `specdraft eval` serves the draft with unless told otherwise (its --k default)
-EVAL_DEFAULT_K = 5
+EVAL_DEFAULT_K = 3
 _WORKER = "specdraft.eval.vllm_worker"
 
 VLLM_CONVENTIONS: tuple[Convention, ...] = (
@@ -144,7 +144,7 @@ VLLM_OPTION_KEYS: tuple[OptionKeys, ...] = (
             "draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids",
         ),
         values=(("method", "eagle3"), ("method", "extract_hidden_states")),
-        # capture's extract_hidden_states mode passes k = 1; eval passes its k, 5 by default
+        # capture's extract_hidden_states mode passes k = 1; eval passes its k, 3 by default
         # (specdraft.eval.command.evaluate; tests/test_doctor_unseen.py keeps the two equal)
         passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", EVAL_DEFAULT_K)),
         used_by=f"{_CAPTURE}, specdraft.eval.vllm_engine",
