@@ -50,7 +50,7 @@ def test_choices_are_listed_and_checked(capsys):
     assert "(default: off)" in opt["fsdp"].help and "(default: on)" in opt["progress"].help
     assert any(g.title == "train settings" for g in train._action_groups)
     others = {cmd: {a.dest: a.choices for a in p._actions} for cmd, p in _parsers().items()}
-    assert others["export"]["format"] == ("speculators", "eagle3") and others["eval"]["engine"] == (
+    assert others["export"]["format"] == ("speculators", "eagle3", "sglang") and others["eval"]["engine"] == (
         "hf",
         "vllm",
     )
