@@ -112,7 +112,13 @@ def test_online_vllm_options_are_checked_before_anything_loads(tmp_path, prepare
 def test_kill_9_mid_online_vllm_run_then_resume_gives_the_uninterrupted_weights(prepared, tmp_path):
     target, ds = prepared("llama")
     c = cfg(
-        online=True, backend="vllm", tensor_parallel_size=2, layers=[0, 1, 2], epochs=3, checkpoint_every=2
+        online=True,
+        backend="vllm",
+        tensor_parallel_size=2,
+        layers=[0, 1, 2],
+        epochs=3,
+        checkpoint_every=2,
+        recipe="off",
     )
     full = train(str(ds), str(tmp_path / "full"), c)
     out = tmp_path / "killed"
@@ -120,7 +126,8 @@ def test_kill_9_mid_online_vllm_run_then_resume_gives_the_uninterrupted_weights(
            "--tensor-parallel-size", "2", "--layers", "0", "1", "2", "--epochs", "3", "--checkpoint-every", "2",
            *[f"--{k.replace('_', '-')}={v}" for k, v in dict(draft_vocab_size=64, ttt_steps=2, max_tokens=256,
                                                                max_length=128, lr=1e-3, seed=3, val_fraction=0.0).items()],
-           "--no-progress", "--no-tensorboard"]  # fmt: skip
+           "--no-progress", "--no-tensorboard", "--recipe", "off"]  # fmt: skip
+    # --recipe off on both: the command line fills the recipe's other settings in (lr alone given)
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 600
