@@ -416,3 +416,75 @@ def test_eval_engine_args_are_bound_to_the_installed_vllm():
     assert _engine_kwargs(2, '{"max_num_seqs": 8}') == {"max_num_seqs": 8, "tensor_parallel_size": 2}
     with pytest.raises(ValueError, match="max_num_seq.*did you mean"):
         _engine_kwargs(1, '{"max_num_seq": 8}')
+
+
+def test_eval_vllm_runs_the_reference_decoder_only_when_asked(tmp_path, monkeypatch):
+    """A training output is exported and served by vLLM; the reference decoder (the full target, here) runs it
+    only with --reference. The engine is stubbed: this is the command's path, not vLLM."""
+    import specdraft.eval.serving as serving
+    import specdraft.export as export_module
+    from specdraft.eval.command import _evaluate_with_vllm, evaluate
+
+    calls = []
+    monkeypatch.setattr(export_module, "export", lambda spec, out, **kw: calls.append(("export", spec, out)))
+
+    def fake_evaluate_vllm(exports, **kw):
+        calls.append(("vllm", exports, kw["reference"]))
+        return {"engine": "vllm", "vllm_version": "stub", "baseline": {"new_tokens": 1, "tokens_per_s": 1.0},
+                "drafts": {}, "settings": {"k": kw["k"]}, "plots": []}  # fmt: skip
+
+    monkeypatch.setattr(serving, "evaluate_vllm", fake_evaluate_vllm)
+    train_dir = tmp_path / "train"
+    train_dir.mkdir()
+    args = dict(target="t", prompts="mtbench", turns=1, max_prompts=1, max_new_tokens=4, k=3, dtype="float32",
+                out=str(tmp_path / "eval"), seed=0, trust_remote_code=False, engine_kwargs={}, batch1_prompts=0)  # fmt: skip
+    assert _evaluate_with_vllm([str(train_dir)], **args) == 0
+    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-0")], None)  # no reference decoder
+    assert _evaluate_with_vllm([str(train_dir)], **args, reference=True) == 0
+    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-0")], [str(train_dir)])
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    with pytest.raises(ValueError, match="--reference: pass training outputs"):
+        _evaluate_with_vllm([str(export_dir)], **args, reference=True)
+    with pytest.raises(ValueError, match="--reference are vLLM options"):
+        evaluate(["untrained"], reference=True)
+
+
+def test_eval_vllm_draws_the_acceptance_plot(tmp_path, monkeypatch, tiny_llama_dir):
+    """evaluate_vllm writes acceptance_per_position.png next to report_vllm.json, as the reference report does
+    (the reference decoder's figures dashed when present). vLLM's engine is stubbed with fixed counters."""
+    import specdraft.eval.serving as serving
+    from specdraft.eval.report import write_plots
+    from specdraft.eval.vllm_engine import Generation
+
+    class StubEngine:
+        def __init__(self, target_dir, draft_dir, k, **kw):
+            self.draft, self.load_seconds = draft_dir, 0.1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def generate(self, ids, n, **kw):
+            counters = {"vllm:spec_decode_num_drafts": 4, "vllm:spec_decode_num_draft_tokens": 12,
+                        "vllm:spec_decode_num_accepted_tokens": 6,
+                        "vllm:spec_decode_num_accepted_tokens_per_pos": [3, 2, 1]}  # fmt: skip
+            return Generation([[5, 6, 7] for _ in ids], 0.5, counters if self.draft else {}, None)
+
+    monkeypatch.setattr(serving, "VLLMEngine", StubEngine)
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    out = tmp_path / "eval"
+    rep = evaluate_vllm([str(export_dir)], target=str(tiny_llama_dir), prompts=["hi", "hello"], k=3,
+                        max_new_tokens=3, out=str(out), progress=False)  # fmt: skip
+    png = out / "acceptance_per_position.png"
+    assert rep["plots"] == [str(png)] and png.stat().st_size > 1000
+    assert json.loads((out / "report_vllm.json").read_text())["plots"] == [str(png)]
+    d = rep["drafts"][str(export_dir)]
+    assert d["acceptance_rate_per_position"] == pytest.approx([0.75, 2 / 3, 0.5])
+    d["reference"] = {"tau": 1.4, "acceptance_rate_per_position": [0.5, None, None]}  # drawn dashed
+    assert write_plots(rep, tmp_path) == [tmp_path / "acceptance_per_position.png"]

@@ -1,7 +1,7 @@
 """`specdraft eval`: the command, with the reference decoder (`--engine hf`) or vLLM (`--engine vllm`).
 
 `--engine hf` is :func:`specdraft.eval.reference.evaluate_report`; `--engine vllm` exports training outputs
-first and runs :func:`specdraft.eval.serving.evaluate_vllm`, the reference decoder alongside. The summary
+first and runs :func:`specdraft.eval.serving.evaluate_vllm` (with `--reference`, the reference decoder alongside). The summary
 lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whether a greedy run was lossless.
 """
 
@@ -42,6 +42,7 @@ def evaluate(
     tensor_parallel_size: int = 1,
     engine_args: str = "",
     batch1_prompts: int = 8,
+    reference: bool = False,
     trust_remote_code: bool = False,
     chat_template: str = "",
     chat_template_kwargs: str = "",
@@ -81,6 +82,8 @@ def evaluate(
         engine_args: vLLM: a JSON object of further `LLM(...)` options, checked before anything loads.
         batch1_prompts: vLLM: also serve the first N prompts one at a time (batch 1, latency) with and without
             the draft, and report the cost of a round (0 = batched only).
+        reference: vLLM: also run the reference decoder here, on the full (unsplit) target, for each training
+            output, its figures next to vLLM's (slow on a large target; exports are served by vLLM only).
         trust_remote_code: allow model code shipped with the target.
         chat_template: render prompts with this Jinja chat template (a file or the text) instead of the
             target's own (a base model has none: it is refused without this, before anything loads); a draft
@@ -92,7 +95,7 @@ def evaluate(
     """
     from specdraft.runtime import resolve_device, resolve_dtype
 
-    engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args)
+    engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference)
     target = target or _recorded_target(draft)
     device = resolve_device(device, "eval")
     dtype = resolve_dtype(dtype, device)
@@ -100,7 +103,7 @@ def evaluate(
     with rendering(template, kwargs):
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
-                         engine_kwargs, batch1_prompts, trust_remote_code, layers)  # fmt: skip
+                         engine_kwargs, batch1_prompts, reference, trust_remote_code, layers)  # fmt: skip
 
 
 def _recorded_target(draft: list[str]) -> str:
@@ -121,14 +124,16 @@ def _recorded_target(draft: list[str]) -> str:
     return EMBEDDED_DEFAULT
 
 
-def _check_engine(engine: str, tensor_parallel_size: int, engine_args: str) -> dict:
+def _check_engine(engine: str, tensor_parallel_size: int, engine_args: str, reference: bool = False) -> dict:
     """The engine options checked before anything loads; returns vLLM's options ({} for `hf`)."""
     if engine == "vllm":
         return _engine_kwargs(tensor_parallel_size, engine_args)
     if engine != "hf":
         raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
-    if tensor_parallel_size != 1 or engine_args:
-        raise ValueError("--tensor-parallel-size and --engine-args are vLLM options: add --engine vllm")
+    if tensor_parallel_size != 1 or engine_args or reference:
+        raise ValueError(
+            "--tensor-parallel-size, --engine-args and --reference are vLLM options: add --engine vllm"
+        )
     return {}
 
 
@@ -170,12 +175,12 @@ def _recorded_rendering(draft: str) -> dict:
 def _evaluate(
     draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
     draft_vocab_size, device, dtype, out, seed, progress, threads, engine, engine_kwargs, batch1_prompts,
-    trust_remote_code, layers,
+    reference, trust_remote_code, layers,
 ) -> int:  # fmt: skip
     """`evaluate` with the engine options checked and the rendering chosen."""
     if engine == "vllm":
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
-                                   trust_remote_code, engine_kwargs, batch1_prompts)  # fmt: skip
+                                   trust_remote_code, engine_kwargs, batch1_prompts, reference)  # fmt: skip
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
                              budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
                              trust_remote_code, layers)  # fmt: skip
@@ -193,8 +198,10 @@ def _evaluate(
 def _evaluate_with_vllm(
     draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
     dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict, batch1_prompts: int,
+    reference: bool = False,
 ) -> int:  # fmt: skip
-    """`eval --engine vllm`: training outputs are exported first and also run by the reference decoder."""
+    """`eval --engine vllm`: training outputs are exported first; with ``reference`` they are also run by the
+    reference decoder (on the full target, here)."""
     from specdraft.eval.serving import evaluate_vllm
     from specdraft.export import export
 
@@ -221,16 +228,17 @@ def _evaluate_with_vllm(
         )
         exports.append(str(exp))
         refs.append(spec)
-    if refs and len(refs) != len(exports):
+    if reference and len(refs) != len(exports):
         raise ValueError(
-            "--engine vllm: pass either training outputs (compared with the reference decoder) or exports"
+            "--engine vllm --reference: pass training outputs (the reference decoder runs them), not exports"
         )
     report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
-                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs or None, out=out,
+                           max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs if reference else None, out=out,
                            trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs,
                            batch1_prompts=batch1_prompts)  # fmt: skip
     for line in summary_lines(report):
         print(line)
+    print(f"report: {Path(out) / 'report_vllm.json'}; plots: {', '.join(report.get('plots', []))}")
     return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0
 
 

@@ -74,7 +74,8 @@ def _batch1_lines(d1: dict, b1: dict, k: int) -> list[str]:
 
 
 def write_plots(report: dict, out: str | Path) -> list[Path]:
-    """acceptance_per_position.png and tau_per_category.png for a reference report (one series per draft)."""
+    """acceptance_per_position.png (one series per draft; a vLLM report's reference decoder figures dashed) and,
+    for a reference report, tau_per_category.png (a vLLM report has no categories)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,16 +86,24 @@ def write_plots(report: dict, out: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, d in report["drafts"].items():
         rates = [r if r is not None else np.nan for r in d["acceptance_rate_per_position"]]
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (tau {d['tau']:.2f})")
+        line = ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (tau {d['tau']:.2f})")[0]
+        ref = d.get("reference")  # eval --engine vllm --reference: the reference decoder on the same prompts
+        if ref:
+            rates = [r if r is not None else np.nan for r in ref["acceptance_rate_per_position"]]
+            ax.plot(range(1, len(rates) + 1), rates, marker="x", linestyle="--", color=line.get_color(),
+                    label=f"{name}, reference decoder (tau {ref['tau']:.2f})")  # fmt: skip
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (given earlier positions accepted)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"acceptance per position, T={report['settings']['temperature']}")
+    engine = "vLLM, " if report.get("engine") == "vllm" else ""
+    ax.set_title(f"acceptance per position, {engine}T={report['settings']['temperature']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "acceptance_per_position.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
+    if any("tau_per_category" not in d for d in report["drafts"].values()):
+        return paths
 
     cats = sorted({c for d in report["drafts"].values() for c in d["tau_per_category"]})
     names = list(report["drafts"])

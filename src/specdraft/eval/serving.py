@@ -50,6 +50,7 @@ import torch
 
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
+from specdraft.eval.report import write_plots
 from specdraft.eval.stats import counter_stats, divergence
 from specdraft.eval.vllm_engine import VLLMEngine
 from specdraft.targets import EMBEDDED_DEFAULT, read_generation_config, stop_ids
@@ -321,7 +322,7 @@ def evaluate_vllm(
         reference: training outputs / saved drafts, one per export, to run the reference decoder
             (:func:`specdraft.eval.reference.evaluate_report`) on the same prompts and k and put its figures
             next to vLLM's (``drafts[name]["reference"]``).
-        out: write ``report_vllm.json`` there (empty: write nothing).
+        out: write ``report_vllm.json`` and ``acceptance_per_position.png`` there (empty: write nothing).
         trust_remote_code: allow the target's custom code.
         engine_kwargs: more ``vllm.LLM`` options (unchecked).
         progress: print a line per engine.
@@ -365,5 +366,6 @@ def evaluate_vllm(
     if out:
         o = Path(out)
         o.mkdir(parents=True, exist_ok=True)
+        report["plots"] = [str(p) for p in write_plots(report, o)]  # acceptance per position, as --engine hf
         (o / REPORT_FILE).write_text(json.dumps(report, indent=1))
     return report
