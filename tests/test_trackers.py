@@ -36,19 +36,29 @@ def fakes(monkeypatch):
     """Stand-ins of the three libraries' calls, recording them."""
     rec: dict[str, Calls] = {k: Calls() for k in ("wandb.init", "wandb.log", "wandb.finish", "trackio.init",
                                                   "trackio.log", "trackio.finish", "mlflow.log_params",
-                                                  "mlflow.log_metrics", "mlflow.end_run", "mlflow.uri")}  # fmt: skip
+                                                  "mlflow.log_metrics", "mlflow.end_run", "mlflow.uri", "mlflow.experiment",
+                                                  "mlflow.start_run")}  # fmt: skip
     run = types.SimpleNamespace(log=rec["wandb.log"], finish=rec["wandb.finish"])
     wandb = _module("wandb", init=lambda **kw: rec["wandb.init"](**kw) or run)
     trackio = _module(
         "trackio", init=rec["trackio.init"], log=rec["trackio.log"], finish=rec["trackio.finish"]
     )
-    mlflow = _module("mlflow", set_tracking_uri=lambda uri: rec["mlflow.uri"](uri, os.environ.get("MLFLOW_ALLOW_FILE_STORE")), set_experiment=lambda name: None,
-                     start_run=lambda run_name: None, log_params=rec["mlflow.log_params"],
+    mlflow = _module("mlflow", set_tracking_uri=lambda uri: rec["mlflow.uri"](uri, os.environ.get("MLFLOW_ALLOW_FILE_STORE")), set_experiment=rec["mlflow.experiment"],
+                     start_run=rec["mlflow.start_run"], log_params=rec["mlflow.log_params"],
                      log_metrics=rec["mlflow.log_metrics"], end_run=rec["mlflow.end_run"])  # fmt: skip
     for m in (wandb, trackio, mlflow):
         monkeypatch.setitem(sys.modules, m.__name__, m)
     monkeypatch.delenv("TRACKIO_DIR", raising=False)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for v in (
+        "WANDB_MODE",
+        "WANDB_DIR",
+        "WANDB_PROJECT",
+        "WANDB_NAME",
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_EXPERIMENT_NAME",
+    ):
+        monkeypatch.delenv(v, raising=False)
     return rec
 
 
@@ -68,6 +78,48 @@ def test_every_record_reaches_every_tracker_at_its_step(tmp_path, shards, fakes)
     assert fakes["mlflow.uri"][0][0] == ((out / "mlruns").resolve().as_uri(), "true")
     assert fakes["mlflow.log_params"][0][0][0]["lr"] == str(3e-3)
     assert len(fakes["wandb.finish"]) == len(fakes["trackio.finish"]) == len(fakes["mlflow.end_run"]) == 1
+
+
+def test_trackers_name_the_run_after_out_and_honour_the_users_variables(
+    tmp_path,
+    shards,  # noqa: F811
+    fakes,
+    monkeypatch,
+    capsys,
+):
+    """A project and run name for every tracker (OUT's parent's name and OUT's, or --project / --run-name), and
+    the library's own variables the user set win over the offline/local modes (WANDB_MODE, MLFLOW_TRACKING_URI)."""
+    out = tmp_path / "llama8b" / "draft-a"
+    train(str(shards), str(out), cfg(max_steps=1, report_to="wandb,trackio,mlflow"))
+    w, t = fakes["wandb.init"][-1][1], fakes["trackio.init"][-1][1]
+    assert (w["project"], w["name"], w["mode"]) == ("llama8b", "draft-a", "offline")
+    assert (t["project"], t["name"]) == ("llama8b", "draft-a")
+    assert fakes["mlflow.experiment"][-1][0] == ("llama8b",) and fakes["mlflow.start_run"][-1][1] == {
+        "run_name": "draft-a"
+    }
+    assert "--report-to wandb: project 'llama8b', run 'draft-a', mode offline" in capsys.readouterr().out
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_PROJECT", "team")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-exp")
+    train(str(shards), str(tmp_path / "b"), cfg(max_steps=1, report_to="wandb,mlflow"))
+    w = fakes["wandb.init"][-1][1]
+    assert (w["project"], w["name"], w["mode"]) == ("team", "b", "online")
+    assert fakes["mlflow.uri"][-1][0][0] == "http://mlflow.example:5000"
+    assert fakes["mlflow.experiment"][-1][0] == ("team-exp",)
+
+    # the options win over the variables
+    train(
+        str(shards),
+        str(tmp_path / "c"),
+        cfg(max_steps=1, report_to="wandb,trackio,mlflow", project="p", run_name="r"),
+    )
+    w, t = fakes["wandb.init"][-1][1], fakes["trackio.init"][-1][1]
+    assert (w["project"], w["name"], t["project"], t["name"]) == ("p", "r", "p", "r")
+    assert fakes["mlflow.experiment"][-1][0] == ("p",) and fakes["mlflow.start_run"][-1][1] == {
+        "run_name": "r"
+    }
 
 
 def test_unknown_or_missing_trackers_are_refused_before_the_run(tmp_path, shards, monkeypatch):  # noqa: F811

@@ -81,8 +81,10 @@ class TrainConfig:
     prefetch: bool = True  # load (shards) or capture (--online --backend vllm) batches in a background thread
     prefetch_depth: int = 2  # how many batches the background thread prepares ahead (a bounded queue)
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
-    report_to: str = (
-        ""  # also report to, comma-separated: tensorboard, wandb, trackio, mlflow (offline, in OUT)
+    report_to: str = ""  # also report to, comma-separated: tensorboard, wandb, trackio, mlflow (offline, in OUT, unless WANDB_MODE, MLFLOW_TRACKING_URI, TRACKIO_SPACE_ID say otherwise)
+    project: str = ""  # --report-to: the trackers' project (MLflow: experiment); empty = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME when set, else the name of OUT's parent directory
+    run_name: str = (
+        ""  # --report-to: the run's name in the trackers; empty = WANDB_NAME when set, else OUT's name
     )
     progress: bool = True  # show a progress bar
     draft: str = "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
@@ -232,5 +234,5 @@ def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
 
 
 # settings that may change on --resume without breaking exactness
-_RESUME_FREE = {"resume", "progress", "tensorboard", "report_to", "checkpoint_every", "keep_checkpoints", "log_every",
+_RESUME_FREE = {"resume", "progress", "tensorboard", "report_to", "project", "run_name", "checkpoint_every", "keep_checkpoints", "log_every",
                 "val_every", "prefetch", "prefetch_depth", "tensor_parallel_size", "engine_args", "device", "max_steps", "target", "attention_chunk", "checkpoint_layer", "checkpoint_head", "trust_remote_code", "skip_bad", "allow_partial"}  # fmt: skip

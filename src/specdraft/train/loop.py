@@ -592,7 +592,8 @@ def _train(run: _Run, ckpt: Path | None) -> Path:
     start = _resume(run, ckpt) if cfg.resume else 0
 
     # --- logging: metrics jsonl (+ TensorBoard), progress bar (rank 0 only) ---------------------------------
-    log = MetricsLog(out_dir, run.rank, cfg.resume, start, cfg.tensorboard, cfg.report_to, run.info["config"])
+    log = MetricsLog(out_dir, run.rank, cfg.resume, start, cfg.tensorboard, cfg.report_to, run.info["config"],
+                     cfg.project, cfg.run_name)  # fmt: skip
     if run.rank == 0:
         _print_header(run)
     last_ckpt = str(ckpt) if cfg.resume else "none"

@@ -1,6 +1,11 @@
 """The run's record: OUT/metrics.jsonl, one JSON record a line (+ the trackers of --report-to); rank 0 writes.
 
-Experiment trackers a run also reports to (`train --report-to`), each in its own offline or local mode.
+Experiment trackers a run also reports to (`train --report-to`), each in its own offline or local mode unless
+the user's own variables of that library say otherwise (W&B's `WANDB_MODE`/`WANDB_DIR`, MLflow's
+`MLFLOW_TRACKING_URI`, Trackio's `TRACKIO_DIR`/`TRACKIO_SPACE_ID`: a user who set one asked for it). Every tracker
+gets a project (`--project`; default: the name of OUT's parent directory, where sibling runs sit) and a run name
+(`--run-name`; default: OUT's name); a name set in the library's own variable (`WANDB_PROJECT`, `WANDB_NAME`,
+`MLFLOW_EXPERIMENT_NAME`) is used when the option is not given.
 
 Every tracker is an optional extra (`pip install specdraft[tracking]`, or the one library), imported only
 when named, and writes under OUT so a run keeps its record with it:
@@ -8,9 +13,9 @@ when named, and writes under OUT so a run keeps its record with it:
 | name | library's mode | where |
 | --- | --- | --- |
 | tensorboard | `torch.utils.tensorboard.SummaryWriter` | OUT/tb |
-| wandb | `wandb.init(mode="offline")`; `wandb sync OUT/wandb/offline-run-*` uploads it later | OUT/wandb |
+| wandb | `wandb.init(mode="offline")` (`WANDB_MODE` wins); `wandb sync OUT/wandb/offline-run-*` uploads it later | OUT/wandb |
 | trackio | local SQLite store (`TRACKIO_DIR`), `trackio show` reads it | OUT/trackio |
-| mlflow | a file store (`file:` tracking URI; MLflow 3 needs `MLFLOW_ALLOW_FILE_STORE=true`, set when unset), `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
+| mlflow | a file store (`file:` tracking URI unless `MLFLOW_TRACKING_URI` is set; MLflow 3 needs `MLFLOW_ALLOW_FILE_STORE=true`, set when unset), `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
 
 Each receives the scalars of every metrics record as `split/name` (lists as `split/name_i`) at the record's
 step, and the run's settings once.
@@ -69,8 +74,19 @@ def scalars(rec: dict) -> dict[str, float]:
     return out
 
 
+def default_names(out_dir: Path) -> tuple[str, str]:
+    """The project and run name a run reports under when not told: OUT's parent directory's name and OUT's."""
+    out = out_dir.resolve()
+    return (out.parent.name or "specdraft"), out.name
+
+
+def _pick(given: str, variable: str, default: str) -> str:
+    """An option the user gave, else the library's own environment variable, else the default from OUT."""
+    return given or os.environ.get(variable, "") or default
+
+
 class _TensorBoard:
-    def __init__(self, out_dir: Path, name: str, config: dict):
+    def __init__(self, out_dir: Path, project: str, name: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
         self.w = SummaryWriter(str(out_dir / "tb"))
@@ -84,10 +100,15 @@ class _TensorBoard:
 
 
 class _Wandb:
-    def __init__(self, out_dir: Path, name: str, config: dict):
+    def __init__(self, out_dir: Path, project: str, name: str, config: dict):
         import wandb
 
-        self.run = wandb.init(project="specdraft", name=name, dir=str(out_dir), config=config, mode="offline")
+        proj, run = default_names(out_dir)
+        project, name = _pick(project, "WANDB_PROJECT", proj), _pick(name, "WANDB_NAME", run)
+        mode = os.environ.get("WANDB_MODE") or "offline"  # the user's WANDB_MODE (online, disabled...) wins
+        self.where = f"project {project!r}, run {name!r}, mode {mode}"
+        self.run = wandb.init(project=project, name=name, dir=os.environ.get("WANDB_DIR") or str(out_dir),
+                              config=config, mode=mode)  # fmt: skip
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -97,7 +118,7 @@ class _Wandb:
 
 
 class _Trackio:
-    def __init__(self, out_dir: Path, name: str, config: dict):
+    def __init__(self, out_dir: Path, project: str, name: str, config: dict):
         if "trackio" in sys.modules:  # it read TRACKIO_DIR when it was imported, before this run
             print(f"train: --report-to trackio: trackio was imported before this run, so it logs to its own "
                   f"store ({os.environ.get('TRACKIO_DIR', 'its default directory')}), not {out_dir / 'trackio'}")  # fmt: skip
@@ -105,7 +126,10 @@ class _Trackio:
         import trackio
 
         self.t = trackio
-        self.t.init(project="specdraft", name=name, config=config)
+        proj, run = default_names(out_dir)
+        self.where = f"project {project or proj!r}, run {name or run!r}"
+        # space_id is left to trackio: it reads the user's TRACKIO_SPACE_ID itself (local store without it)
+        self.t.init(project=project or proj, name=name or run, config=config)
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.t.log(values, step=step)
@@ -115,15 +139,19 @@ class _Trackio:
 
 
 class _Mlflow:
-    def __init__(self, out_dir: Path, name: str, config: dict):
+    def __init__(self, out_dir: Path, project: str, name: str, config: dict):
         import mlflow
 
         self.m = mlflow
         # MLflow 3 refuses its file store ("maintenance mode") unless this is set; a user's own setting wins
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        mlflow.set_tracking_uri((out_dir / "mlruns").resolve().as_uri())
-        mlflow.set_experiment("specdraft")
-        self.run = mlflow.start_run(run_name=name)
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (out_dir / "mlruns").resolve().as_uri()
+        mlflow.set_tracking_uri(uri)  # the user's server or store when they set one
+        proj, run = default_names(out_dir)
+        experiment = _pick(project, "MLFLOW_EXPERIMENT_NAME", proj)
+        self.where = f"experiment {experiment!r}, run {name or run!r}, tracking URI {uri}"
+        mlflow.set_experiment(experiment)
+        self.run = mlflow.start_run(run_name=name or run)
         mlflow.log_params({k: str(v)[:250] for k, v in config.items()})
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -136,14 +164,19 @@ class _Mlflow:
 _CLASSES = {"tensorboard": _TensorBoard, "wandb": _Wandb, "trackio": _Trackio, "mlflow": _Mlflow}
 
 
-def open_trackers(names: list[str], out_dir: Path, config: dict[str, Any]) -> list:
-    """One open tracker per name (checked by `tracker_problems` before the run), named after OUT. A library that
-    is installed but fails to import or start (a missing dependency of its own) closes the ones already open
-    and stops the run before its first step, naming the library and the cause."""
+def open_trackers(
+    names: list[str], out_dir: Path, config: dict[str, Any], project: str = "", run_name: str = ""
+) -> list:
+    """One open tracker per name (checked by `tracker_problems` before the run), in `project` as `run_name` (empty:
+    the library's own variable, else :func:`default_names` of OUT); where each reports is said in a line. A
+    library that is installed but fails to import or start (a missing dependency of its own) closes the ones
+    already open and stops the run before its first step, naming the library and the cause."""
     opened: list = []
     for n in names:
         try:
-            opened.append(_CLASSES[n](out_dir, out_dir.resolve().name, config))
+            opened.append(_CLASSES[n](out_dir, project, run_name, config))
+            if getattr(opened[-1], "where", ""):
+                print(f"train: --report-to {n}: {opened[-1].where}", flush=True)
         except Exception as e:
             for t in opened:
                 t.close()
@@ -161,7 +194,7 @@ class MetricsLog:
     """
 
     def __init__(self, out_dir: Path, rank: int, resume: bool, start: int, tensorboard: bool,
-                 report_to: str = "", config: dict | None = None):  # fmt: skip
+                 report_to: str = "", config: dict | None = None, project: str = "", run_name: str = ""):  # fmt: skip
         self.path = out_dir / METRICS_FILE
         self.rank = rank
         self.trackers: list = []
@@ -176,7 +209,7 @@ class MetricsLog:
         names = tracker_names(report_to)
         if tensorboard and "tensorboard" not in names and importlib.util.find_spec("tensorboard") is not None:
             names.append("tensorboard")
-        self.trackers = open_trackers(names, out_dir, config or {})
+        self.trackers = open_trackers(names, out_dir, config or {}, project, run_name)
 
     def __call__(self, rec: dict) -> None:
         if self.rank != 0:
