@@ -745,3 +745,65 @@ def test_refusals_every_value_of_ours_passes_are_one_line(tmp_path):
     (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 5))))
     assert p.severity == "info" and "adds 2 refusal(s) that every value of ours provably passes" in p.message
     assert "fakeengine/config.py:15" in p.message and "fakeengine/config.py:17" in p.message
+
+
+# ---------------------------------------------------------------------------------------------
+# item 8: quiet by default: refusals on paths none of our values is known to take go under --verbose
+# ---------------------------------------------------------------------------------------------
+_OFF_PATH = {
+    "config.py": (
+        "    num_speculative_tokens: int = 1\n\n    def __post_init__(self):\n",
+        "    num_speculative_tokens: int = 1\n    draft: object = None\n\n    def __post_init__(self):\n"
+        # vLLM 0.33's shapes: a local flag of the engine's own (using_transformers_mtp) ...
+        '        use_mtp = self.method == "mtp" and self.supports_mtp()\n'
+        "        if use_mtp and self.num_speculative_tokens > 1:\n"
+        '            raise ValueError("mtp: one step")\n'
+        # ... a particular value of a field the engine derives from what we pass (draft_model_config.architectures)
+        '        if "AuxMTPModel" in self.draft.architectures and self.num_speculative_tokens != 1:\n'
+        '            raise ValueError("one trained MTP step")\n'
+        # on our path, our value unknown: stays a warning, shown
+        "        if self.num_speculative_tokens in (4, 8):\n"
+        '            raise ValueError("k 4 and 8 unsupported")\n',
+    )
+}
+
+
+def _off_path_contract() -> Contract:
+    c = _spec_contract()
+    (o,) = c.option_keys
+    return Contract(engine=c.engine, entries=c.entries, formats=c.formats,
+                    option_keys=(OptionKeys(o.option, keys=(*o.keys, "draft"), values=o.values,
+                                            config_class=o.config_class),))  # fmt: skip
+
+
+def test_refusals_on_paths_we_never_take_are_quiet(tmp_path):
+    found = {p.location: p for p in _new(_edited_release(tmp_path, "off", _OFF_PATH), _off_path_contract())}
+    assert {loc: (p.severity, p.quiet) for loc, p in found.items()} == {
+        "fakeengine/config.py:15": ("warning", True),
+        "fakeengine/config.py:17": ("warning", True),
+        "fakeengine/config.py:19": ("warning", False),
+    }, found
+    assert "it sits behind `use_mtp`" in found["fakeengine/config.py:15"].message
+    assert "`'AuxMTPModel' in self.draft.architectures`" in found["fakeengine/config.py:17"].message
+    # where a value of ours decides a check, it is judged, never quiet: k = 1 passes all three (one info line)
+    k1 = _new(
+        _edited_release(tmp_path, "k1", _OFF_PATH), _spec_contract(passed=(("num_speculative_tokens", 1),))
+    )
+    assert [(p.severity, p.quiet) for p in k1] == [("info", False)] and "adds 3 refusal(s)" in k1[0].message
+
+
+def test_the_report_counts_the_quiet_refusals_and_verbose_shows_them(tmp_path, base_installed, capsys):
+    from specdraft.doctor.command import doctor, run_doctor
+
+    root = _edited_release(tmp_path, "off", _OFF_PATH)
+    report = run_doctor(against=str(root), contracts=[_off_path_contract()], device="cpu", quiet=True)
+    text, verbose = report.format_text(), report.format_text(verbose=True)
+    hidden = "2 new refusal(s) on paths none of our values is known to take"
+    assert hidden in text and "--verbose shows them" in text and "use_mtp" not in text, text
+    assert "k 4 and 8 unsupported" in text
+    assert hidden not in verbose and "use_mtp" in verbose and "AuxMTPModel" in verbose
+    assert not any(p.quiet for p in report.breaks), report.breaks
+    # the command's option (the CLI is generated from doctor's signature)
+    import inspect
+
+    assert inspect.signature(doctor).parameters["verbose"].default is False

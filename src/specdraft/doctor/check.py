@@ -57,6 +57,7 @@ class Problem:
     release: str = (
         ""  # the release read (--against), whose signature ``installed`` is ('': the installed one)
     )
+    quiet: bool = False  # a refusal on a path our values are not known to take: shown with --verbose only
 
 
 def shorten(s: str, n: int) -> str:

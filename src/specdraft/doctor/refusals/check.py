@@ -15,7 +15,7 @@ import ast
 import itertools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Found:
     judged: bool  # the formats check judges this value check already
     exact: bool  # our values are the ones we pass or write, not a sample
     fix: str = ""  # what to do when the release refuses our value of this field (ExportFormat.fixes)
+    gate: str = ""  # a test on the way that none of our values decides (:func:`_gate`): '' when none
 
     @property
     def key(self) -> tuple[str, str]:
@@ -119,6 +120,44 @@ def _qualifier(imports: Mapping[str, str]):
     return qualify
 
 
+def _atoms(tests) -> list[ast.expr]:
+    """The conjuncts of ``tests``, ``and`` split (``a and (b and c)`` -> a, b, c)."""
+    out: list[ast.expr] = []
+    for t in tests:
+        if isinstance(t, ast.BoolOp) and isinstance(t.op, ast.And):
+            out += _atoms(t.values)
+        else:
+            out.append(t)
+    return out
+
+
+def _gate(refusal: Refusal, scope: Scope, reader: _Reader, consts: Mapping[str, Any], qualify=str) -> str:
+    """A test on the way to the refusal that none of our values decides and that selects a path of its own:
+    it reads nothing we pass or write (engine state: a local flag such as vLLM 0.33's
+    ``using_transformers_mtp``, the target's config), or it asks for a particular value (``x == 'mtp'``,
+    ``'ParseAuxMTPModel' in x.architectures``) of a field the engine derives from what we pass (below a key
+    we set, not one: ``draft_model_config.architectures``). '' when there is none."""
+    for atom in _atoms(refusal.tests):
+        if isinstance(atom, ast.Constant) or (
+            isinstance(atom, ast.Call) and dotted_name(atom.func) == "raises"
+        ):
+            continue
+        fields = fields_read([atom], reader)
+        if _verdict(replace(refusal, tests=(atom,)), scope, reader, fields, consts, qualify)[0] is not None:
+            continue  # decided (a constant, one of our values): not what keeps the verdict unknown
+        ours = [p for p in fields if scope.ours(p)]
+        if not ours:
+            return ast.unparse(atom)
+        if any(p in scope.values or p in scope.defaults or p in scope.passed for p in ours):
+            continue  # a value of ours, known or not (``k == 7`` on a k we pass may be ours): on our path
+        if isinstance(atom, ast.Compare) and len(atom.ops) == 1 and isinstance(atom.ops[0], (ast.Eq, ast.In)):
+            sides = (atom.left, atom.comparators[0])
+            if any(isinstance(x, ast.Constant) or (isinstance(x, (ast.Tuple, ast.List, ast.Set))
+                   and all(isinstance(e, ast.Constant) for e in x.elts)) for x in sides):  # fmt: skip
+                return ast.unparse(atom)
+    return ""
+
+
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
              consts: Mapping[str, Any], qualify=str) -> tuple[bool | None, str]:  # fmt: skip
     """Whether our values meet the refusal's condition (any known case does: True), and that case."""
@@ -188,8 +227,11 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
             fix = next(
                 (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
             )
+            gate = (_gate(r, scope, reader, consts[scope.module], _qualifier(imports[scope.module]))
+                    if refused is None and not case else "")  # fmt: skip
             out[(scope.label, where)] = Found(scope.label, r, where, tuple(_shown(scope, p) for p in fields),
-                                              refused, case, r.test_line in scope.judged, scope.exact, fix)  # fmt: skip
+                                              refused, case, r.test_line in scope.judged, scope.exact, fix,
+                                              gate)  # fmt: skip
     return list(out.values())
 
 
@@ -221,9 +263,12 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
                        installed=was or "", location=f.location, passed=passes.case)  # fmt: skip
     tail = (f"the sample of our value passes it ({passes.case}); other values of {fields} may not" if passes
             else f"whether our value of {fields} passes cannot be told statically")  # fmt: skip
+    gated = passes is None and all(x.gate for x in found)
+    if gated:  # a path of the engine's own that nothing we pass is known to take: shown with --verbose
+        tail += f"; it sits behind `{shorten(f.gate, 200)}`, which none of our values decides"
     return Problem("refusal", labels, f"{head}; {tail}", "warning", symbol=fields, installed=was or "",
                    location=f.location, passed=passes.case if passes else "",
-                   fix=f.fix or f"check that what you pass as {fields} satisfies it")  # fmt: skip
+                   fix=f.fix or f"check that what you pass as {fields} satisfies it", quiet=gated)  # fmt: skip
 
 
 def new_refusals(
