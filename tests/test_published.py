@@ -129,3 +129,73 @@ def test_something_else_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MedusaModel"]}))
     with pytest.raises(ValueError, match="neither a specdraft draft .* nor a published EAGLE-3 draft"):
         load_trained(tmp_path)
+
+
+def test_doctor_export_reads_a_published_draft_as_vllm_does(speculators):
+    """No aux layer ids recorded: vLLM asks the target for EAGLE-3's default layers, the ids eval and train
+    --init-from take ([2, 4, 5] of the verifier's 8 layers): a warning that says so, not a break."""
+    from specdraft.doctor.check import installed_root
+    from specdraft.doctor.formats.check import check_export_dir
+    from specdraft.doctor.source.reader import SourceTree
+    from specdraft.engine.formats import VLLM_FORMATS
+
+    root = installed_root("vllm")
+    if root is None:
+        pytest.skip("vllm is not installed: its source is what doctor reads")
+    problems = check_export_dir(VLLM_FORMATS, SourceTree(root), speculators)
+    assert [p.message for p in problems if p.severity == "break"] == []
+    (aux,) = [p for p in problems if "eagle_aux_hidden_state_layer_ids" in p.message]
+    assert aux.severity == "warning" and "[2, 4, 5] for the target's 8 layers" in aux.message
+    assert (
+        "get_eagle3_default_aux_hidden_state_layers returns (2, num_layers // 2, num_layers - 3)"
+        in aux.message
+    )
+
+
+def _engine_source(tmp_path, returns: str | None, caller: bool = True):
+    """A stand-in vLLM source tree: the target's default aux layers and the runner that falls back to them."""
+    from specdraft.doctor.source.reader import SourceTree
+
+    models, worker = tmp_path / "vllm/model_executor/models", tmp_path / "vllm/v1/worker"
+    for d in (models, worker, tmp_path / "vllm", tmp_path / "vllm/model_executor", tmp_path / "vllm/v1"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "__init__.py").write_text("")
+    body = (
+        f"    def get_eagle3_default_aux_hidden_state_layers(self):\n        return {returns}\n"
+        if returns
+        else "    pass\n"
+    )
+    (models / "interfaces.py").write_text(f"class SupportsEagle3:\n{body}")
+    call = "self.model.get_eagle3_default_aux_hidden_state_layers()" if caller else "None"
+    (worker / "gpu_model_runner.py").write_text(f"def setup(self):\n    return {call}\n")
+    return SourceTree(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "returns, caller, said",
+    [
+        ("(1, num_layers // 2, num_layers - 1)", True, "returns (1, num_layers // 2, num_layers - 1)"),
+        ("(2, num_layers // 2, num_layers - 3)", False, "calls vllm.model_executor.models.interfaces"),
+        (None, True, "is not found"),
+    ],
+)
+def test_doctor_breaks_when_the_engine_would_default_other_layers(tmp_path, returns, caller, said):
+    from specdraft.doctor.formats.check import _engine_defaults
+    from specdraft.engine.formats import VLLM_FORMATS
+
+    spec, eagle3 = VLLM_FORMATS
+    tree = _engine_source(tmp_path, returns, caller)
+    config = {"speculators_model_type": "eagle3"}
+    (p,) = _engine_defaults(spec, tree, "speculators export", "D", config, 8)
+    assert (
+        p.severity == "break"
+        and said in p.message
+        and "lacks `eagle_aux_hidden_state_layer_ids`" in p.message
+    )
+    # the eagle3 layout's eagle_config ids are read before the default: it is not reached
+    assert (
+        _engine_defaults(
+            eagle3, tree, "eagle3 export", "D", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1]}}, 8
+        )
+        == []
+    )

@@ -22,7 +22,10 @@ version by version. Each :class:`ExportFormat` declares
 * ``options``: fields the engine passes on as an option's value when it serves the export (the
   speculators k becomes ``speculative_config.num_speculative_tokens``): a refusal of that option is
   judged on the export's value too;
-* ``fixes``: for a field, what to do when a release refuses the export's value of it.
+* ``fixes``: for a field, what to do when a release refuses the export's value of it;
+* ``engine_defaults``: for a relied-on field a config may leave out (a published draft), the engine function
+  that supplies the value instead (:class:`EngineDefault`): a config without the field is read as the
+  engine reads it, not refused, when that function returns what specdraft's readers assume too.
 
 :mod:`specdraft.doctor.formats.check` reads each reader with :mod:`specdraft.doctor.formats.reads` from
 the installed or ``--against`` source and reports every key the version requires and the export lacks,
@@ -34,7 +37,7 @@ checks these formats only (:data:`FORMAT_ENGINES`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,7 @@ __all__ = [
     "SGLANG_FORMATS",
     "VLLM_FORMATS",
     "ConfigReader",
+    "EngineDefault",
     "ExportFormat",
     "FormatEngine",
     "LayerIds",
@@ -93,6 +97,29 @@ class LayerIds:
 
 
 @dataclass(frozen=True)
+class EngineDefault:
+    """What the engine uses for a relied-on field a config leaves out: the value one of its functions returns.
+
+    Attributes:
+        symbol: ``"module:Qual.name"`` of the function giving the value (``a|b``: the first found).
+        returns: its return expression as ``ast.unparse`` writes it: the value specdraft's readers assume too
+            (another expression in a version is a break: the engine would build another draft).
+        meaning: that value in words, for the finding.
+        read_first: other config fields the engine reads before falling back to ``symbol`` (a config with
+            one of them does not reach the default).
+        value: the value for a target of that many decoder layers (None: not computable here).
+        called_from: the module(s) (``a|b``) where the engine falls back to it: one must call it.
+    """
+
+    symbol: str
+    returns: str
+    meaning: str
+    read_first: tuple[str, ...] = ()
+    value: Callable[[int], Any] | None = None
+    called_from: str = ""
+
+
+@dataclass(frozen=True)
 class ExportFormat:
     """One export format and the engine code that reads it (see the module docstring)."""
 
@@ -110,6 +137,7 @@ class ExportFormat:
     layer_ids: LayerIds | None = None
     options: tuple[tuple[str, str], ...] = ()
     fixes: Mapping[str, str] = field(default_factory=dict)
+    engine_defaults: Mapping[str, EngineDefault] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,6 +228,19 @@ _DRAFTER = (
     ),
 )
 
+#: a draft whose config records no aux layer ids (published speculators drafts): the worker asks the target model
+#: for EAGLE-3's default layers, the ids `eval` and `train --init-from` take too (specdraft.model.published)
+_AUX_DEFAULT = EngineDefault(
+    # the model interface's default (0.2x on); before it, each model's own (Llama's shown: the same ids)
+    "vllm.model_executor.models.interfaces:SupportsEagle3.get_eagle3_default_aux_hidden_state_layers"
+    "|vllm.model_executor.models.llama:LlamaForCausalLM.get_eagle3_aux_hidden_state_layers",
+    "(2, num_layers // 2, num_layers - 3)",
+    "EAGLE-3's default aux layers (2, L//2, L-3) of the target's L decoder layers",
+    value=lambda n: [2, n // 2, n - 3],
+    # the model runner asks the target for them when the draft's config has none (v1's runner, or the new one's)
+    called_from="vllm.v1.worker.gpu_model_runner|vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+)
+
 VLLM_FORMATS: tuple[ExportFormat, ...] = (
     ExportFormat(
         name="speculators",
@@ -249,6 +290,7 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
             "Hugging Face id), or serve the target with --model TARGET and --speculative-config "
             '\'{"method": "eagle3", "model": EXPORT, "num_speculative_tokens": K}\'',
         },
+        engine_defaults={"eagle_aux_hidden_state_layer_ids": _AUX_DEFAULT},
     ),
     ExportFormat(
         name="eagle3",
@@ -262,6 +304,17 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
             "eagle_aux_hidden_state_layer_ids",
         ),
         architecture="architectures",
+        # vLLM reads eagle_config's ids (as they are) before the default
+        engine_defaults={
+            "eagle_aux_hidden_state_layer_ids": EngineDefault(
+                _AUX_DEFAULT.symbol,
+                _AUX_DEFAULT.returns,
+                _AUX_DEFAULT.meaning,
+                read_first=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+                value=_AUX_DEFAULT.value,
+                called_from=_AUX_DEFAULT.called_from,
+            )
+        },
     ),
 )
 

@@ -13,7 +13,10 @@ Findings:
   values the draft is then built with (``unread_ok``) and the config has them (info);
 * a weight name the model class drops, aux layer ids it shifts, an architecture its registry (or the
   ``EntryClass`` lists of SGLang's model modules) lacks (:mod:`specdraft.doctor.formats.model`);
-* fields the version reads with a default and the export does not write: listed (info).
+* fields the version reads with a default and the export does not write: listed (info);
+* a relied-on field a published draft leaves out that the version fills in itself (the format's
+  ``engine_defaults``): what it will use, found in its source and compared with what specdraft's readers
+  assume (a warning when they agree, a break when the version's function is gone or returns another value).
 
 Model readers (the drafter's class, reading a config object) count plain attribute reads too, and
 their ``if config.k != 1: raise`` constraints apply to the model config's values.
@@ -139,6 +142,7 @@ def check_formats(
     registry: str = "",
     where: str = "",
     weights: Sequence[str] | None = None,
+    target_layers: int | None = None,
 ) -> list[Problem]:
     """Every reason the engine version under ``tree`` would refuse or misread each format's config.
 
@@ -149,6 +153,7 @@ def check_formats(
         registry: the engine's model registry module (for ``architecture`` fields; '' skips that check).
         where: what the config is, for the messages (an export directory).
         weights: the weight names to check (default: each format's declared ``weights``).
+        target_layers: the target's decoder layers when known (an engine default's value is then given in ids).
     """
     problems: list[Problem] = []
     for fmt in formats:
@@ -164,6 +169,7 @@ def check_formats(
                 registry,
                 where or f"the {fmt.name} config `specdraft export` writes",
                 names,
+                target_layers,
             )
         )
     return problems
@@ -176,6 +182,7 @@ def _check_one(
     registry: str,
     where: str,
     weights: Sequence[str] = (),
+    target_layers: int | None = None,
 ) -> list[Problem]:
     subject = f"{fmt.name} export"
     problems = [
@@ -205,7 +212,9 @@ def _check_one(
         for kr in config_reads(nodes, r.roots, _tables(tree, module), attrs=r.model):
             reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
     problems += _refusals(subject, where, config, reads, fmt.model_scope)
-    problems += _misreads(fmt, subject, where, config, reads, _model_keys(fmt, config, writes))
+    defaulted = _engine_defaults(fmt, tree, subject, where, config, target_layers)
+    problems += defaulted
+    problems += _misreads(fmt, subject, where, config, reads, _model_keys(fmt, config, writes), defaulted)
     if fmt.architecture and registry:
         problems += _architecture(fmt, subject, where, config, tree, registry)
     problems += weight_problems(fmt, tree, weights, subject, where)
@@ -241,12 +250,93 @@ def _refusals(
     return out
 
 
-def _misreads(
-    fmt: ExportFormat, subject: str, where: str, config: Mapping[str, Any], reads: list, model_keys: set[str]
+def _engine_defaults(
+    fmt: ExportFormat,
+    tree: SourceTree,
+    subject: str,
+    where: str,
+    config: Mapping[str, Any],
+    target_layers: int | None,
 ) -> list[Problem]:
-    """Relied-on fields read nowhere or defaulted; fields read with a default that we do not write."""
+    """For each relied-on field the config leaves out (with none of the fields the engine reads first) and the
+    format declares an engine default for: what this version uses instead, read from its source (a warning:
+    the draft records nothing, the engine and specdraft's readers assume the same), or a break when the
+    function is gone or returns another value than specdraft's readers assume."""
+    out = []
+    for dotted, d in fmt.engine_defaults.items():
+        if _lookup(config, _split(dotted)) is not _MISSING or any(
+            _lookup(config, _split(k)) not in (_MISSING, None, []) for k in d.read_first
+        ):
+            continue
+        symbol, returns, loc, why = _default_returns(tree, d.symbol)
+        if returns is None:
+            detail = f"its default {d.symbol} is not found ({why})"
+        elif returns != d.returns:
+            detail = f"its default {symbol} returns {returns}"
+        elif not _called(tree, d.called_from, symbol.rsplit(".", 1)[-1]):
+            detail = f"nothing in {d.called_from} calls {symbol} any more"
+        else:
+            detail = ""
+        if detail:
+            out.append(Problem("format", subject, f"{where} lacks `{dotted}`, which eval and train --init-from "
+                               f"fill with {d.meaning}; in this version {detail}: {fmt.engine} may build another "
+                               "draft than the one they measure", symbol=d.symbol, location=loc,
+                               fix=f"write `{dotted}` into the draft's config.json (the ids it was trained "
+                               "with), or pin a version with that default"))  # fmt: skip
+            continue
+        ids = d.value(target_layers) if d.value and target_layers else None
+        value = (
+            f"{ids} for the target's {target_layers} layers" if ids else "computed from the target's layers"
+        )
+        out.append(Problem("format", subject, f"{where} lacks `{dotted}`: {fmt.engine} uses {d.meaning} "
+                           f"({symbol} returns {returns}: {value}), as eval and train --init-from do; the "
+                           "draft records nothing to confirm it was trained on those layers", "warning",
+                           symbol=symbol, location=loc,
+                           fix=f"nothing, when the draft was trained on those layers; else write `{dotted}` "
+                           "(the ids it was trained with) into its config.json"))  # fmt: skip
+    return out
+
+
+def _default_returns(tree: SourceTree, symbols: str) -> tuple[str, str | None, str, str]:
+    """(symbol, its return expression, where, why not found) for the first of ``a|b`` found with a return value."""
+    why = ""
+    for symbol in symbols.split("|"):
+        found, why = tree.resolve(symbol)
+        if found is None or found.kind != "function":
+            continue
+        rets = [n.value for n in ast.walk(found.node) if isinstance(n, ast.Return) and n.value is not None]
+        if rets:
+            return symbol, ast.unparse(rets[-1]), f"{tree.module_path(found.module)}:{rets[-1].lineno}", ""
+        why = f"{symbol} returns nothing"
+    return symbols, None, "", why or "no such function"
+
+
+def _called(tree: SourceTree, modules: str, name: str) -> bool:
+    """True when one of ``modules`` (``a|b``; '' is no requirement) calls a function or method ``name``."""
+    for module in filter(None, modules.split("|")):
+        parsed = tree.parse(module)
+        calls = (n.func for n in ast.walk(parsed) if isinstance(n, ast.Call)) if parsed is not None else ()
+        if any(getattr(f, "attr", getattr(f, "id", None)) == name for f in calls):
+            return True
+    return not modules
+
+
+def _misreads(
+    fmt: ExportFormat,
+    subject: str,
+    where: str,
+    config: Mapping[str, Any],
+    reads: list,
+    model_keys: set[str],
+    defaulted: Sequence[Problem] = (),
+) -> list[Problem]:
+    """Relied-on fields read nowhere or defaulted; fields read with a default that we do not write.
+    ``defaulted``: the findings of :func:`_engine_defaults` (the fields they name are judged there)."""
+    judged = {dotted for dotted in fmt.engine_defaults for p in defaulted if f"lacks `{dotted}`" in p.message}
     out = []
     for dotted in fmt.relies_on:
+        if dotted in judged:
+            continue
         path = _split(dotted)
         direct = [(r, kr, loc) for r, kr, full, loc in reads if not r.model and full == path]
         model = [(r, kr, loc) for r, kr, full, loc in reads if r.model and kr.path == path[-1:]]
@@ -269,7 +359,7 @@ def _misreads(
                                f"defaults it to {dflt}", fix="export again with this specdraft"))  # fmt: skip
     defaults = sorted({f"{_shown(full)}={kr.default}" for r, kr, full, _ in reads
                        if not r.model and kr.kind == "default" and kr.default is not None
-                       and _lookup(config, full) is _MISSING})  # fmt: skip
+                       and _lookup(config, full) is _MISSING and ".".join(full) not in judged})  # fmt: skip
     if defaults:
         out.append(Problem("format", subject, f"fields this version reads and {where} leaves out (their "
                            f"defaults apply): {', '.join(defaults)}", "info"))  # fmt: skip
@@ -302,6 +392,18 @@ def detect_format(config: Mapping[str, Any]) -> str:
     return "speculators" if "speculators_config" in config else "eagle3"
 
 
+def _verifier_layers(config: Mapping[str, Any]) -> int | None:
+    """The decoder layers of the target a draft's config names (speculators' verifier), when it is a local
+    model directory; else None."""
+    name = _lookup(config, ("speculators_config", "verifier", "name_or_path"))
+    try:
+        target = json.loads((Path(str(name)).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = target.get("num_hidden_layers") or (target.get("text_config") or {}).get("num_hidden_layers")
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def check_export_dir(
     formats: Sequence[ExportFormat], tree: SourceTree, export_dir: Path | str, registry: str = ""
 ) -> list[Problem]:
@@ -322,7 +424,8 @@ def check_export_dir(
     name = detect_format(config)
     files = sorted(d.glob("*.safetensors"))
     names = safetensors_names(files) if files else None
-    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d), weights=names)
+    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d), weights=names,
+                             target_layers=_verifier_layers(config))  # fmt: skip
     if not files:
         problems.append(Problem("format", f"{name} export", f"{d} has no *.safetensors weights",
                                 fix="export again: `specdraft export CHECKPOINT OUT`"))  # fmt: skip
