@@ -162,12 +162,19 @@ def test_option_verdict_follows_our_dispatch_value():
     assert p.severity == "break" and p.passed == "speculative_config.method='eagle3'"  # one mode we use fails
 
 
-def test_doctor_against_reports_them(monkeypatch):
+def _fake_modules() -> list[str]:
+    return [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]
+
+
+def test_doctor_against_reports_them(monkeypatch, request):
     """`doctor --against RELEASE` compares the release with the installed one (here: base on sys.path)."""
     from specdraft.doctor.command import run_doctor
 
-    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+    for name in _fake_modules():
         monkeypatch.delitem(sys.modules, name)
+    # this test's fakeengine leaves with it (before monkeypatch puts back what was there): a later test in the
+    # process (test_doctor_formats under pytest-xdist) imports its own
+    request.addfinalizer(lambda: [sys.modules.pop(m) for m in _fake_modules()])
     monkeypatch.syspath_prepend(str(PAIRS / "base"))
     report = run_doctor(against=str(PAIRS / "validator"), contracts=[CONTRACT], device="cpu", quiet=True)
     refusals = [p for p in report.problems if p.check == "refusal"]
