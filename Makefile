@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # both cores, a test file per worker (module-scoped engines and models are built once); the 15 slowest tests
 # are printed, so growth is seen when it happens. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_RUN = $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=15
+PYTEST_RUN = $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 # which tests `make test` runs; CI runs all of them in one session (MARKS="slow or not slow": .ci/run)
 MARKS ?= not slow
 

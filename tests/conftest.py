@@ -240,7 +240,8 @@ def stub_unroll(draft, input_ids, aux, ttt_steps, chunk_elems=0, checkpoint_laye
 
 
 # ---------------------------------------------------------------------------------------------------------
-# scheduling under pytest-xdist (--dist loadfile): the longest files first, so that the two workers start on
+# scheduling under pytest-xdist (--dist loadfile --no-loadscope-reorder: files dispatched in this order, not by
+# their number of tests): the longest files first, so that the two workers start on
 # them and the run does not end with one worker alone on a long file. Measured with `make test` (--durations);
 # a file missing here only runs later, nothing else changes.
 # LAST: files whose vLLM engines load a Kimi-K2.5 model in the test process. vLLM's Kimi processor imports numba,
