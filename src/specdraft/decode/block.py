@@ -24,7 +24,16 @@ import torch
 
 from specdraft.decode.rules import accept_chain, draft_probs_full, sample, target_probs
 from specdraft.decode.runners import HFTargetRunner, TargetRunner
-from specdraft.decode.speculate import GenResult, SpecConfig, _finish, _now, _pick, _prefill, _verify
+from specdraft.decode.speculate import (
+    GenResult,
+    SpecConfig,
+    _finish,
+    _now,
+    _pick,
+    _prefill,
+    _verify,
+    refuse_another_target,
+)
 from specdraft.model.dflash import DFlashDraft
 from specdraft.model.draft import draft_to_target_ids
 
@@ -139,11 +148,7 @@ class BlockSpeculator:
                 f"the DFlash draft (vocab {cfg.vocab_size}, target hidden {cfg.target_hidden_size}) was built for "
                 f"another target than {target.name} (vocab {target.vocab_size}, hidden {target.hidden_size})"
             )
-        if cfg.target_config_hash and cfg.target_config_hash != target.config_hash:
-            raise ValueError(
-                f"the draft was trained for a target with config hash {cfg.target_config_hash} "
-                f"({cfg.target_name}), not {target.name} ({target.config_hash}): pass the matching --target"
-            )
+        refuse_another_target(cfg, target)
         self.target = target
         self.runner = HFTargetRunner(target, cfg.aux_layer_ids)
         self.drafter = DFlashDrafter(draft)

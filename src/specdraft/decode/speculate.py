@@ -313,11 +313,7 @@ class Speculator:
             raise ValueError(
                 f"the draft's config has aux_layer_ids {cfg.aux_layer_ids}; it needs 3 (re-save it)"
             )
-        if cfg.target_config_hash and cfg.target_config_hash != target.config_hash:
-            raise ValueError(
-                f"the draft was trained for a target with config hash {cfg.target_config_hash} "
-                f"({cfg.target_name}), not {target.name} ({target.config_hash}): pass the matching --target"
-            )
+        refuse_another_target(cfg, target)
         self.target = target
         self.runner = HFTargetRunner(target, cfg.aux_layer_ids)
         self.drafter = EagleDrafter(draft)
@@ -335,6 +331,15 @@ class Speculator:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def refuse_another_target(cfg, target) -> None:
+    """A draft (EAGLE-3 or DFlash) trained for a target whose config hash is recorded decodes only with it."""
+    if cfg.target_config_hash and cfg.target_config_hash != target.config_hash:
+        raise ValueError(
+            f"the draft was trained for a target with config hash {cfg.target_config_hash} "
+            f"({cfg.target_name}), not {target.name} ({target.config_hash}): pass the matching --target"
+        )
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
