@@ -1,4 +1,9 @@
-"""doctor on breaks it was not built on (issue 37): small synthetic engines written to tmp dirs, no network."""
+"""doctor on breaks it was not built on (issue 37), no network.
+
+The releases of items 1, 2, 3 and 7 are committed source trees under tests/engine_pair/unseen/ (see
+tests/engine_pair/README.md), each pair one release with the break and one without; the other items' cases
+are still small edits or wheels built in tmp dirs.
+"""
 
 from __future__ import annotations
 
@@ -32,27 +37,11 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 # ---------------------------------------------------------------------------------------------
 # item 1: a keyword renamed in the outer signature only collides in the **kwargs call
 # ---------------------------------------------------------------------------------------------
-_ENGINE_ARGS = """
-    from dataclasses import dataclass
+UNSEEN = Path(__file__).parent / "engine_pair" / "unseen"
 
-    @dataclass
-    class EngineArgs:
-        model: str
-        dtype: str = "auto"
-        kv_cache_memory_bytes: int | None = None
-        seed: int = 0
-"""
-
-
-def _llm(param: str, body: str = "") -> str:
-    return f"""
-    from .args import EngineArgs
-
-    class LLM:
-        def __init__(self, model: str, *, dtype: str = "auto", {param}: int | None = None, **kwargs):
-            {body}
-            self.args = EngineArgs(model=model, dtype=dtype, kv_cache_memory_bytes={param}, **kwargs)
-"""
+#: item 1: `kept` (the name in both signatures), `renamed` (renamed in `LLM.__init__` only: the break),
+#: `popped` (renamed, and taken out of **kwargs before the call)
+KWARGS = UNSEEN / "kwargs_collision"
 
 
 KW_CONTRACT = Contract(
@@ -66,17 +55,6 @@ KW_CONTRACT = Contract(
         ),
     ),
 )
-
-
-def _kw_release(tmp_path: Path, name: str, llm: str) -> Path:
-    return _write(
-        tmp_path / name,
-        {
-            "kwengine/__init__.py": "from .llm import LLM\n",
-            "kwengine/args.py": _ENGINE_ARGS,
-            "kwengine/llm.py": llm,
-        },
-    )
 
 
 @pytest.fixture
@@ -95,8 +73,8 @@ def kw_import(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["static", "import"])
-def test_a_keyword_renamed_in_the_outer_signature_only_is_a_collision(tmp_path, mode, kw_import):
-    renamed = _kw_release(tmp_path, "renamed", _llm("kv_cache_bytes"))
+def test_a_keyword_renamed_in_the_outer_signature_only_is_a_collision(mode, kw_import):
+    renamed = KWARGS / "renamed"
     if mode == "import":
         kw_import(renamed)
         problems, _ = check_contract(KW_CONTRACT, device="cpu")
@@ -114,13 +92,8 @@ def test_a_keyword_renamed_in_the_outer_signature_only_is_a_collision(tmp_path, 
 
 
 @pytest.mark.parametrize("mode", ["static", "import"])
-def test_no_collision_when_the_name_is_kept_or_removed_from_kwargs_first(tmp_path, mode, kw_import):
-    kept = _kw_release(tmp_path, "kept", _llm("kv_cache_memory_bytes"))
-    popped = _kw_release(
-        tmp_path,
-        "popped",
-        _llm("kv_cache_bytes", 'kv_cache_bytes = kwargs.pop("kv_cache_memory_bytes", kv_cache_bytes)'),
-    )
+def test_no_collision_when_the_name_is_kept_or_removed_from_kwargs_first(mode, kw_import):
+    kept, popped = KWARGS / "kept", KWARGS / "popped"
     for root in (kept, popped):
         if mode == "import":
             kw_import(root)
@@ -140,6 +113,9 @@ def test_no_collision_when_the_name_is_kept_or_removed_from_kwargs_first(tmp_pat
 # items 2 and 3: a new refusal judged on our actual values (options, eval's default k, the export)
 # ---------------------------------------------------------------------------------------------
 REFUSALS = Path(__file__).parent / "engine_pair" / "refusals"
+#: items 2 and 3: `base` (no new refusal; a copy of REFUSALS/base), `k_at_most_2` (SpeculativeConfig refuses
+#: num_speculative_tokens > 2), `verifier_033` (vLLM 0.33's refusal of a verifier that is not a hub repo id)
+UNSEEN_REFUSALS = UNSEEN / "refusals"
 
 SPEC_FORMAT = ExportFormat(
     name="speculators",
@@ -196,42 +172,38 @@ def _edited_release(tmp_path: Path, name: str, edits: dict[str, tuple[str, str]]
     return root
 
 
-_K_AT_MOST_2 = {
-    "config.py": (
-        '            raise ValueError("num_speculative_tokens must be positive")\n',
-        '            raise ValueError("num_speculative_tokens must be positive")\n'
-        "        if self.num_speculative_tokens > 2:\n"
-        '            raise ValueError("at most 2 speculative tokens")\n',
-    )
-}
-
-
-def _new(root: Path, contract: Contract, **kw):
-    found = new_refusals(SourceTree(root), SourceTree(REFUSALS / "base"), contract, **kw)
+def _new(root: Path, contract: Contract, base: Path = REFUSALS / "base", **kw):
+    found = new_refusals(SourceTree(root), SourceTree(base), contract, **kw)
     return [p for p in found if "adds no refusal" not in p.message]
 
 
-def test_a_refusal_of_k_is_a_break_on_the_k_we_pass(tmp_path):
+def _k2(contract: Contract, root: Path = UNSEEN_REFUSALS / "k_at_most_2", **kw):
+    return _new(root, contract, base=UNSEEN_REFUSALS / "base", **kw)
+
+
+def test_a_refusal_of_k_is_a_break_on_the_k_we_pass():
     """SpeculativeConfig refuses k > 2: capture passes 1, eval 5 by default: a break, naming eval's 5."""
-    root = _edited_release(tmp_path, "k2", _K_AT_MOST_2)
-    (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 5))))
+    ours = _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 5)))
+    (p,) = _k2(ours)
     assert (p.severity, p.location) == ("break", "fakeengine/config.py:15"), p
     assert p.passed == "speculative_config.num_speculative_tokens=5"
     # k = 1 and 2 only: provably accepted
-    (p,) = _new(root, _spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 2))))
+    (p,) = _k2(_spec_contract(passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", 2))))
     assert p.severity == "info"
+    # the pair's other release, which adds no refusal: nothing
+    assert _k2(ours, root=UNSEEN_REFUSALS / "base") == []
 
 
-def test_a_refusal_of_k_is_a_break_on_the_exports_k(tmp_path):
+def test_a_refusal_of_k_is_a_break_on_the_exports_k():
     """Without a k from the contract, `--export`'s config (k = 3, served as num_speculative_tokens) decides."""
-    root = _edited_release(tmp_path, "k2", _K_AT_MOST_2)
-    (p,) = _new(root, _spec_contract())
+    (p,) = _k2(_spec_contract())
     assert p.severity == "warning"  # no value of ours known
     export = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
-    (p,) = _new(root, _spec_contract(), configs={"speculators": export})
+    (p,) = _k2(_spec_contract(), configs={"speculators": export})
     assert (p.severity, p.passed) == ("break", "speculative_config.num_speculative_tokens=3")
+    assert _k2(_spec_contract(), root=UNSEEN_REFUSALS / "base", configs={"speculators": export}) == []
     export["speculators_config"]["proposal_methods"] = [{"speculative_tokens": 2}]
-    (p,) = _new(root, _spec_contract(), configs={"speculators": export})
+    (p,) = _k2(_spec_contract(), configs={"speculators": export})
     assert p.severity == "info"
 
 
@@ -247,33 +219,6 @@ def test_the_contract_declares_evals_default_k():
     assert ("num_speculative_tokens", EVAL_DEFAULT_K) in spec.passed
 
 
-#: vLLM 0.33's verifier check (vllm/transformers_utils/config.py:861-873), on the fake engine's reader
-_VERIFIER_033 = {
-    "speculators.py": (
-        '    tokens = spec["proposal_methods"][0]["speculative_tokens"]\n',
-        '    tokens = spec["proposal_methods"][0]["speculative_tokens"]\n'
-        '    verifier_model = spec["verifier"]["name_or_path"]\n'
-        "    try:\n"
-        "        validate_repo_id(verifier_model)\n"
-        "    except HFValidationError as exc:\n"
-        '        raise ValueError("Speculators verifier must name a remote model repository.") from exc\n'
-        "    verifier_path = Path(verifier_model)\n"
-        "    if verifier_path.exists() or verifier_path.is_symlink():\n"
-        '        raise ValueError("Speculators verifier must name a remote model repository.")\n',
-    ),
-}
-
-
-def _verifier_release(tmp_path: Path) -> Path:
-    root = _edited_release(tmp_path, "v033", _VERIFIER_033)
-    p = root / "fakeengine" / "speculators.py"
-    head = (
-        "from pathlib import Path\n\nfrom huggingface_hub.utils import HFValidationError, validate_repo_id\n"
-    )
-    p.write_text(head + p.read_text())
-    return root
-
-
 @pytest.mark.parametrize(
     "verifier, severity",
     [
@@ -284,12 +229,16 @@ def _verifier_release(tmp_path: Path) -> Path:
 )
 def test_a_local_verifier_is_a_break_with_the_fix_and_a_hub_id_passes(tmp_path, verifier, severity):
     pytest.importorskip("huggingface_hub")
-    root = _verifier_release(tmp_path)
     if verifier == "LOCAL":
         verifier = str(tmp_path)
     export = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
     export["speculators_config"]["verifier"] = {"name_or_path": verifier}
-    found = _new(root, _spec_contract(), configs={"speculators": export})
+    base = UNSEEN_REFUSALS / "base"
+    found = _new(
+        UNSEEN_REFUSALS / "verifier_033", _spec_contract(), base=base, configs={"speculators": export}
+    )
+    # the pair's other release, which adds no refusal: nothing, whatever the verifier
+    assert _new(base, _spec_contract(), base=base, configs={"speculators": export}) == []
     severities = {p.severity for p in found}
     assert found and (severity in severities if severity == "break" else severities == {severity}), found
     if severity == "break":
@@ -299,39 +248,60 @@ def test_a_local_verifier_is_a_break_with_the_fix_and_a_hub_id_passes(tmp_path, 
         )
 
 
-@pytest.fixture
-def base_installed(monkeypatch):
-    """The refusal pairs' base release is the installed fakeengine; nothing of it is left behind."""
+def _install(monkeypatch, base: Path):
+    """``base``'s fakeengine is the installed one; nothing of it is left behind."""
 
     def drop():
         for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
             del sys.modules[name]
 
     drop()
-    monkeypatch.syspath_prepend(str(REFUSALS / "base"))
+    monkeypatch.syspath_prepend(str(base))
     yield
     drop()
 
 
-def test_doctor_against_with_export_exits_1_on_a_local_verifier(tmp_path, base_installed):
+@pytest.fixture
+def base_installed(monkeypatch):
+    """The refusal pairs' base release is the installed fakeengine."""
+    yield from _install(monkeypatch, REFUSALS / "base")
+
+
+@pytest.fixture
+def unseen_base_installed(monkeypatch):
+    """Issue 37's refusal pairs' base release is the installed fakeengine."""
+    yield from _install(monkeypatch, UNSEEN_REFUSALS / "base")
+
+
+def test_doctor_against_with_export_exits_1_on_a_local_verifier(tmp_path, unseen_base_installed):
     """`doctor --against RELEASE --export E`: exit 1 for the local path, 0 for the hub id."""
     pytest.importorskip("huggingface_hub")
     from specdraft.doctor.command import run_doctor
 
-    root = _verifier_release(tmp_path)
     codes = {}
-    for verifier in (str(tmp_path), "HuggingFaceTB/SmolLM2-135M-Instruct"):
-        export = tmp_path / ("local" if verifier.startswith("/") else "hub")
-        export.mkdir()
-        config = {**SPEC_FORMAT.sample, "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]}}
-        config["speculators_config"]["verifier"] = {"name_or_path": verifier}
-        (export / "config.json").write_text(json.dumps(config))
-        report = run_doctor(against=str(root), export=str(export), contracts=[_spec_contract()], device="cpu",
-                            quiet=True)  # fmt: skip
-        refusal = [p for p in report.problems if p.check == "refusal"]
-        codes[export.name] = ([p.severity for p in report.breaks if p.check == "refusal"], refusal)
-    assert codes["local"][0] and set(codes["local"][0]) == {"break"}
-    assert codes["hub"][0] == [] and all(p.severity == "info" for p in codes["hub"][1])
+    for release in ("verifier_033", "base"):
+        for verifier in (str(tmp_path), "HuggingFaceTB/SmolLM2-135M-Instruct"):
+            export = tmp_path / release / ("local" if verifier.startswith("/") else "hub")
+            export.mkdir(parents=True)
+            config = {
+                **SPEC_FORMAT.sample,
+                "speculators_config": {**SPEC_FORMAT.sample["speculators_config"]},
+            }
+            config["speculators_config"]["verifier"] = {"name_or_path": verifier}
+            (export / "config.json").write_text(json.dumps(config))
+            report = run_doctor(against=str(UNSEEN_REFUSALS / release), export=str(export),
+                                contracts=[_spec_contract()], device="cpu", quiet=True)  # fmt: skip
+            refusal = [p for p in report.problems if p.check == "refusal"]
+            codes[release, export.name] = (
+                [p.severity for p in report.breaks if p.check == "refusal"],
+                refusal,
+            )
+    assert codes["verifier_033", "local"][0] and set(codes["verifier_033", "local"][0]) == {"break"}
+    assert codes["verifier_033", "hub"][0] == [] and all(
+        p.severity == "info" for p in codes["verifier_033", "hub"][1]
+    )
+    # the pair's base release adds no refusal: no break for either export
+    assert codes["base", "local"][0] == [] and codes["base", "hub"][0] == [], codes
 
 
 def _unused_feature(assigned: bool) -> dict[str, tuple[str, str]]:
@@ -431,87 +401,24 @@ def test_a_cached_release_wheel_whose_bytes_changed_is_fetched_again(tmp_path, m
 # ---------------------------------------------------------------------------------------------
 # item 7: method binding as Python does it (staticmethod, classmethod, isinstance narrowing, several bases)
 # ---------------------------------------------------------------------------------------------
-_ENGINE7 = {
-    "eng7/__init__.py": "",
-    "eng7/config.py": """
-        class VllmConfig:
-            def __init__(self):
-                self.block_size = 16
-
-        class KVCacheConfig:
-            def __init__(self):
-                self.kv_cache_groups = []
-    """,
-    "eng7/base.py": """
-        class KVConnectorMetadata:
-            pass
-
-        class SupportsHMA:
-            def request_finished_all_groups(self):
-                return None
-
-        class KVConnectorBase:
-            def __init__(self, vllm_config):
-                self._vllm_config = vllm_config
-
-            def _get_connector_metadata(self) -> KVConnectorMetadata:
-                return KVConnectorMetadata()
-    """,
-}
-
-_CONSUMER7 = {
-    "cons7/__init__.py": "",
-    "cons7/conn.py": """
-        from eng7.base import KVConnectorBase, KVConnectorMetadata, SupportsHMA
-        from eng7.config import KVCacheConfig, VllmConfig
+#: item 7: `engine` (eng7: KV-connector base classes and configs), `consumer` (cons7: a connector whose calls
+#: bind as Python binds them), `consumer_break` (the same, reading one name the engine lacks)
+BINDING = UNSEEN / "binding"
 
 
-        class MyMeta(KVConnectorMetadata):
-            def __init__(self):
-                self.pending_saves = []
-
-
-        class Conn(KVConnectorBase, SupportsHMA):
-            @staticmethod
-            def _block_size(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None, gid: int) -> int:
-                if kv_cache_config is None:
-                    return vllm_config.block_size
-                return kv_cache_config.kv_cache_groups[gid]
-
-            @classmethod
-            def _groups(cls, kv_cache_config: KVCacheConfig | None, vllm_config: VllmConfig):
-                return kv_cache_config.kv_cache_groups, vllm_config.block_size
-
-            def start(self, vllm_config: VllmConfig, kv: KVCacheConfig):
-                a = self._block_size(vllm_config, kv, 0)
-                b = Conn._block_size(vllm_config, kv, 1)
-                c = self._groups(kv, vllm_config)
-                d = Conn._groups(kv, vllm_config)
-                return a, b, c, d, vllm_config.no_such_field
-
-            def finished(self):
-                meta = self._get_connector_metadata()
-                if isinstance(meta, MyMeta):
-                    for p in meta.pending_saves:
-                        print(p)
-                self.request_finished_all_groups()
-                return self._vllm_config
-    """,
-}
-
-
-def test_binding_as_python_does_it(tmp_path):
+@pytest.mark.parametrize("consumer", ["consumer", "consumer_break"])
+def test_binding_as_python_does_it(consumer):
     """A staticmethod through `self` or the class, a classmethod either way, a name read under
     `isinstance(x, OwnSubclass)`, members of either base: no break. A name the engine lacks still is one."""
     from specdraft.doctor.scan.report import run_scan
 
-    engine = _write(tmp_path / "engine", _ENGINE7)
-    consumer = _write(tmp_path / "consumer", _CONSUMER7)
-    report = run_scan(str(consumer / "cons7"), against=str(engine), quiet=True)
+    report = run_scan(str(BINDING / consumer / "cons7"), against=str(BINDING / "engine"), quiet=True)
     found = {(p.severity, p.subject.rsplit(":", 1)[-1], p.message.split(" (")[0]) for p in report.problems}
-    line = next(
-        i for i, t in enumerate((consumer / "cons7/conn.py").read_text().splitlines(), 1) if "no_such" in t
-    )
+    if consumer == "consumer":
+        assert found == set() and report.exit_code == 0, found
+        return
+    text = (BINDING / consumer / "cons7/conn.py").read_text()
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "vllm_config.no_such" in t)
     assert found == {("break", str(line), "VllmConfig has no attribute 'no_such_field'")}, found
     assert report.exit_code == 1
 
@@ -580,7 +487,7 @@ def test_a_package_reaching_the_engine_through_a_pinned_package_is_scanned_with_
     from specdraft.doctor.scan.report import run_scan
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
-    engine = _write(tmp_path / "engine", _ENGINE7)
+    engine = BINDING / "engine"  # item 7's engine
     report = run_scan(str(_app(tmp_path, pinned=True)), against=str(engine), quiet=True,
                       download=_conn_download(tmp_path))  # fmt: skip
     text = report.format_text()
@@ -598,7 +505,7 @@ def test_nothing_checked_is_not_ok(tmp_path, monkeypatch):
     from specdraft.doctor.scan.report import run_scan
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
-    engine = _write(tmp_path / "engine", _ENGINE7)
+    engine = BINDING / "engine"  # item 7's engine
     report = run_scan(str(_app(tmp_path, pinned=False)), against=str(engine), quiet=True,
                       download=_conn_download(tmp_path))  # fmt: skip
     text = report.format_text()
@@ -611,11 +518,11 @@ def test_nothing_checked_is_not_ok(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # item 8: labels name the release read; with --export the sample is not checked besides it
 # ---------------------------------------------------------------------------------------------
-def test_the_report_names_the_release_it_read(tmp_path, kw_import):
+def test_the_report_names_the_release_it_read(kw_import):
     from specdraft.doctor.command import run_doctor
 
-    kw_import(_kw_release(tmp_path, "kept", _llm("kv_cache_memory_bytes")))
-    renamed = _kw_release(tmp_path, "renamed", _llm("kv_cache_bytes"))
+    kw_import(KWARGS / "kept")
+    renamed = KWARGS / "renamed"
     report = run_doctor(against=str(renamed), contracts=[KW_CONTRACT], device="cpu", quiet=True, cache=False)
     text = report.format_text()
     assert f"[BREAK] contract [{renamed}]: kw.LLM:" in text, text

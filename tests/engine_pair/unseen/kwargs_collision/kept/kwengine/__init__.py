@@ -1,0 +1,5 @@
+"""A fake engine for doctor's **kwargs collision check (issue 37 item 1), release `kept`."""
+
+from .llm import LLM
+
+__all__ = ["LLM"]
