@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from conftest import conversations, write_jsonl
+from test_trackers import fakes  # noqa: F401  (stand-ins of the trackers' libraries)
 
 from specdraft.model.dflash_files import load_dflash
 from specdraft.train.block.run import train_dflash
@@ -40,9 +41,9 @@ def test_train_dflash_end_to_end(shards, tmp_path):
     assert d.cfg.aux_layer_ids == [1, 3, 5, 6] and d.cfg.block_size == 4 and d.cfg.target_num_layers == 8
     assert d.fc.weight.shape[1] == 4 * 64 and d.cfg.mask_token_id == d.cfg.vocab_size - 1
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    vals = [r["val"] for r in rows if "val" in r]
+    vals = [r for r in rows if r["split"] == "val"]
     assert len(vals) == 2 and len(vals[-1]["acc"]) == 3 and vals[-1]["blocks"] > 0
-    steps = [r for r in rows if "loss" in r]
+    steps = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[0]["tau"] >= 1.0
 
 
@@ -131,3 +132,132 @@ def test_train_dflash_through_the_cli(shards, tmp_path):
             "--max-steps", "1", "--draft-vocab-size", "64", "--max-length", "64", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     assert load_dflash(out / "final").cfg.block_size == 3
+
+
+def test_report_to_reaches_the_trackers(shards, tmp_path, fakes):  # noqa: F811
+    """--report-to through EAGLE-3's MetricsLog: every metrics record, train and val, at its step."""
+    from specdraft.train.metrics import scalars
+
+    out = tmp_path / "runs" / "dflash-a"
+    train(str(shards), str(out), cfg(max_steps=3, checkpoint_every=10, report_to="wandb,mlflow"))
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    want = [(scalars(r), r["step"]) for r in recs]
+    assert [r["split"] for r in recs] == ["val", "train", "train", "train", "val"]
+    assert "val/tau" in want[0][0] and "train/acc_0" in want[1][0] and "train/loss" in want[1][0]
+    assert [(a[0], kw["step"]) for a, kw in fakes["wandb.log"]] == want
+    assert [(a[0], kw["step"]) for a, kw in fakes["mlflow.log_metrics"]] == want
+    init = fakes["wandb.init"][0][1]
+    assert (init["project"], init["name"], init["mode"]) == ("runs", "dflash-a", "offline")
+    assert init["config"]["draft"] == "dflash" and init["config"]["block_size"] == 4
+    assert len(fakes["wandb.finish"]) == len(fakes["mlflow.end_run"]) == 1
+
+
+def _edited_copy(src, dst, **dflash) -> str:
+    """A copy of the saved draft `src` whose config.json has `dflash` fields changed (metadata only)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "config.json").read_text())
+    meta["dflash"].update(dflash)
+    (dst / "config.json").write_text(json.dumps(meta))
+    return str(dst)
+
+
+def test_init_from_a_dflash_draft_continues_from_its_weights(shards, tmp_path):
+    a = train(str(shards), str(tmp_path / "a"), cfg(max_steps=2))
+    b = train(
+        str(shards), str(tmp_path / "b"), cfg(max_steps=1, init_from=str(tmp_path / "a"))
+    )  # OUT -> final/
+    recs = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    val_a, val_b0 = recs(tmp_path / "a")[-1], recs(tmp_path / "b")[0]
+    assert val_b0["step"] == 0 and val_b0["loss"] == pytest.approx(val_a["loss"], rel=1e-6)  # a's weights
+    assert json.loads((b / "config.json").read_text())["train"]["init_from"] == str(a)
+    da, db = load_dflash(a), load_dflash(b)
+    assert torch.equal(da.d2t, db.d2t) and not torch.equal(
+        da.fc.weight, db.fc.weight
+    )  # its vocabulary, trained on
+    # a checkpoint works too
+    train(
+        str(shards),
+        str(tmp_path / "c"),
+        cfg(max_steps=1, init_from=str(tmp_path / "a" / "checkpoints" / "step_2")),
+    )
+
+
+def test_init_from_refuses_a_draft_it_cannot_continue_with_the_fix(shards, tmp_path):
+    a = train(str(shards), str(tmp_path / "a"), cfg(max_steps=1))
+    cases = [
+        (_edited_copy(a, tmp_path / "t", target_config_hash="0" * 16, target_name="other-model"),
+         r"is a draft for another target \(other-model"),
+        (_edited_copy(a, tmp_path / "l", aux_layer_ids=[1, 3, 5]),
+         r"reads aux layers \[1, 3, 5\], the data holds \[1, 3, 5, 6\]: extract the data again with --layers 1 3 5"),
+        (str(a), "was built with block_size=4: pass --block-size 4"),
+        (str(tmp_path / "nothing"), "no saved draft there"),
+    ]  # fmt: skip
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message):
+            train(str(shards), str(tmp_path / "x"), cfg(max_steps=1, init_from=path, block_size=3 if path == str(a)
+                                                        else 4))  # fmt: skip
+    with pytest.raises(ValueError, match="pass --draft-layers 1"):
+        train(str(shards), str(tmp_path / "x"), cfg(max_steps=1, init_from=str(a), draft_layers=2))
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.json").write_text(json.dumps({"format": "specdraft.eagle3", "config": {}}))
+    with pytest.raises(ValueError, match="is not a DFlash draft"):
+        train(str(shards), str(tmp_path / "x"), cfg(max_steps=1, init_from=str(tmp_path / "e")))
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()  # refused before the run
+
+
+TORCHRUN = """
+import json, sys
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
+
+train(sys.argv[1], sys.argv[2], TrainConfig(**json.loads(sys.argv[3])))
+"""
+
+
+def _torchrun(tmp_path, shards, out, nproc: int, settings: dict) -> str:
+    """`train` under torchrun on `nproc` CPU processes (gloo); its stdout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run_dflash.py"
+    script.write_text(TORCHRUN)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {
+        **os.environ,
+        "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+           str(shards), str(out), json.dumps(settings)]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r.stdout
+
+
+def test_two_processes_match_one(shards, tmp_path):
+    """torchrun on CPU: 2 ranks, each a disjoint share of every global batch, give the records and the weights
+    of 1 process with the same global batches; only rank 0 writes."""
+    from dataclasses import asdict
+
+    settings = {k: v for k, v in asdict(cfg(max_steps=3, checkpoint_every=2)).items()}
+    one, two = tmp_path / "one", tmp_path / "two"
+    _torchrun(tmp_path, shards, one, 1, settings)
+    said = _torchrun(tmp_path, shards, two, 2, settings)
+    assert "2 rank(s)" in said and said.count("train: DFlash draft") == 1
+    recs = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    a, b = recs(one), recs(two)
+    assert [(r["split"], r["step"], r.get("tokens"), r["blocks"]) for r in a] == \
+        [(r["split"], r["step"], r.get("tokens"), r["blocks"]) for r in b]  # fmt: skip
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4) and y["tau"] == pytest.approx(
+            x["tau"], abs=1e-9
+        )
+        assert y["acc"] == pytest.approx(x["acc"], abs=1e-9)
+    wa, wb = load_dflash(one / "final").state_dict(), load_dflash(two / "final").state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4, msg=k)
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step_2", "step_3"]

@@ -1,9 +1,12 @@
 """train.block: training of block-parallel (DFlash) drafts.
 
 - `objective.py`: anchors sampled per sequence, the block attention mask, the position-decayed block loss,
-  per-slot validation accuracy, one optimiser step over extracted (features, tokens, loss mask) sequences.
-- `run.py`: `train --draft dflash`, the loop over an extraction's shards (any captured layer set): schedule,
-  metrics, checkpoints, exact resume, final/.
+  per-slot validation accuracy, the summed loss of a batch (and one optimiser step over it).
+- `setup.py`: the extraction's shards and target, the draft (fresh, `--init-from` checked against the data,
+  or the checkpoint `--resume` continues), the data order, each sample's anchor stream.
+- `run.py`: `train --draft dflash`, the loop phase by phase: torchrun data parallel, metrics and trackers,
+  checkpoints, exact resume, final/.
 
-May import: `model` (the DFlash draft and its files), `data` (the shards).
+May import: `model` (the DFlash draft and its files), `data` (the shards), and from `train` the pieces EAGLE-3's
+loop shares (metrics and trackers, the process group, the schedule, the settings).
 """

@@ -118,6 +118,16 @@ class BlockStats:
         self.accepted += other.accepted
         self.blocks += other.blocks
 
+    def as_tensor(self) -> torch.Tensor:
+        """(4 + 2 Q,) float64: loss, weight, accepted, blocks, correct per slot, labelled per slot (to all-reduce)."""
+        return torch.tensor([self.loss, self.weight, self.accepted, self.blocks, *self.correct, *self.total],
+                            dtype=torch.float64)  # fmt: skip
+
+    @classmethod
+    def from_tensor(cls, Q: int, t: torch.Tensor) -> BlockStats:
+        v = t.tolist()
+        return cls(Q, v[0], v[1], v[4 : 4 + Q], v[4 + Q :], v[2], int(v[3]))
+
     def summary(self) -> dict:
         """loss, acc per slot 1 .. Q-1 (None where nothing was labelled), tau = 1 + mean accepted length."""
         return {
@@ -183,19 +193,28 @@ def block_loss(
     return total, stats
 
 
-def train_step(draft, optimizer, batch, anchors_per_seq: int, chunk: int, generator=None) -> BlockStats:
-    """One optimiser step over a batch of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...]."""
+def batch_loss(
+    draft, batch, anchors: list[torch.Tensor], chunk: int
+) -> tuple[torch.Tensor | None, BlockStats]:
+    """The summed block losses of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...] at their `anchors`
+    (None without a sequence), and their stats; divide by the (global) `BlockStats.weight` for the mean."""
     draft.train()
     stats = BlockStats(draft.cfg.block_size)
     losses = []
-    for aux, ids, lm in batch:
-        anchors = sample_anchors(lm, anchors_per_seq, generator)
-        loss, st = block_loss(draft, aux, ids, lm, anchors, chunk, grad=True)
+    for (aux, ids, lm), a in zip(batch, anchors):
+        loss, st = block_loss(draft, aux, ids, lm, a, chunk, grad=True)
         losses.append(loss)
         stats.add(st)
+    return (sum(losses) if losses else None), stats
+
+
+def train_step(draft, optimizer, batch, anchors_per_seq: int, chunk: int, generator=None) -> BlockStats:
+    """One optimiser step over a batch of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...]."""
+    anchors = [sample_anchors(lm, anchors_per_seq, generator) for _, _, lm in batch]
+    loss, stats = batch_loss(draft, batch, anchors, chunk)
     optimizer.zero_grad(set_to_none=True)
     if stats.weight > 0:
-        (sum(losses) / stats.weight).backward()
+        (loss / stats.weight).backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         optimizer.step()
     return stats

@@ -1,185 +1,246 @@
 """`specdraft train --draft dflash`: a DFlash draft trained with the block objective on extracted shards.
 
-The same data as EAGLE-3 (an extraction's shards, checked as `train` checks them), any captured layer set:
-the draft fuses every aux layer the extraction holds (all its `layer_ids` but the final one, which only
-EAGLE-3's teacher reads). The same settings where they apply (lr, warmup/schedule, max_steps, epochs,
-max_tokens, max_length, val_fraction, checkpoint_every, keep_checkpoints, seed, resume, draft_vocab_size),
-plus the block ones (block_size, draft_layers, anchors, mask_token_id, train_mask_embedding). Single process; torchrun/FSDP,
-online capture and trackers are EAGLE-3 only for now (refused here, not ignored).
+The same data as EAGLE-3 (an extraction's shards), any captured layer set: the draft fuses every aux layer
+the extraction holds (`setup.py`). The same settings where they apply (lr, warmup/schedule as EAGLE-3's,
+max_steps, epochs, max_tokens, max_length, val_fraction, log_every, checkpoint_every, keep_checkpoints, seed,
+resume, draft_vocab_size), plus the block ones (block_size, draft_layers, anchors, mask_token_id,
+train_mask_embedding), and the same machinery:
 
-OUT holds metrics.jsonl (loss, per-slot accuracy, tau per logged step; validation rows), checkpoints/step_N
-(the draft, the optimizer and the step: resume is exact because the data order and the anchors are
-functions of (seed, step)), and final/ (the draft, `specdraft.model.dflash_files` format).
+  - trackers: metrics.jsonl and `--report-to` (tensorboard, wandb, trackio, mlflow) through EAGLE-3's
+    `train.metrics.MetricsLog`, with its records (`split` train or val, `step`, loss, acc per block slot,
+    tau, blocks; train adds lr, epoch and the global batch's tokens); a resumed run drops the records past
+    its checkpoint;
+  - `--init-from` a saved DFlash draft (final/, a checkpoint, or a train OUT): its weights and draft
+    vocabulary with a new optimizer and schedule; one for another target, other aux layers or other block
+    settings is refused with the fix;
+  - `torchrun` data parallel (gloo on CPU, NCCL on GPU): each rank trains on a disjoint share of every
+    global batch (rank r: its samples r, r + world, ...), the loss is divided by the global batch's loss
+    weight, gradients are summed over ranks, so N processes train the weights one process trains with the
+    same --max-tokens; anchors are a function of (seed, step, sample), not of the rank. Rank 0 writes.
+
+Refused, not ignored: `--fsdp` (a DFlash draft is a few layers: every rank holds it whole), `--online` and
+`--steps-per-batch` (EAGLE-3 only for now).
+
+OUT holds metrics.jsonl, checkpoints/step_N (the draft, the optimizer and the step: resume is exact because
+the data order and the anchors are functions of (seed, step)), and final/ (the draft,
+`specdraft.model.dflash_files` format).
 """
 
 from __future__ import annotations
 
-import json
-import random
-import shutil
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from specdraft.model.dflash import DFlashConfig, DFlashDraft
-from specdraft.model.dflash_files import load_dflash, save_dflash
-from specdraft.model.draft import build_vocab_map
-from specdraft.train.batches import split_sids
-from specdraft.train.block.objective import BlockStats, evaluate, train_step
+from specdraft.model.dflash import DFlashDraft
+from specdraft.model.dflash_files import save_dflash
+from specdraft.train.block.objective import BlockStats, batch_loss, evaluate, sample_anchors
+from specdraft.train.block.setup import (
+    BlockData,
+    anchor_generator,
+    checkpoints,
+    epoch_batches,
+    init_problems,
+    load_sample,
+    open_data,
+    start_draft,
+)
+from specdraft.train.distributed import _all_sum, _init_distributed, barrier
+from specdraft.train.metrics import MetricsLog
 
-UNSUPPORTED = {"online": False, "fsdp": False, "init_from": "", "steps_per_batch": 1}
+# settings --draft dflash refuses away from their default, and why
+UNSUPPORTED = {
+    "online": (False, "EAGLE-3 only for now: extract the data first"),
+    "fsdp": (False, "a DFlash draft is a few layers, each rank holds it whole: run torchrun without --fsdp"),
+    "steps_per_batch": (1, "EAGLE-3 only for now"),
+}
+CHUNK = 64  # anchors per activation-checkpointed chunk (`objective.block_loss`)
 
 
 def block_problems(cfg) -> list[str]:
-    """Settings `--draft dflash` does not take (yet), each named."""
-    out = [f"--draft dflash does not support --{k.replace('_', '-')} {getattr(cfg, k)!r} yet"
-           for k, v in UNSUPPORTED.items() if getattr(cfg, k) != v]  # fmt: skip
+    """Settings `--draft dflash` does not take (yet), each named, and the user errors shared with EAGLE-3."""
+    out = [f"--draft dflash does not support --{k.replace('_', '-')} {getattr(cfg, k)!r}: {why}"
+           for k, (v, why) in UNSUPPORTED.items() if getattr(cfg, k) != v]  # fmt: skip
     if cfg.block_size < 2:
         out.append(f"--block-size must be >= 2 (the anchor and one mask slot), not {cfg.block_size}")
     if cfg.draft_layers < 1 or cfg.anchors < 1:
         out.append("--draft-layers and --anchors must be >= 1")
-    return out
+    # EAGLE-3's checks (--report-to among them); --init-from is checked against the data (`init_problems`)
+    return out + [p for p in replace(cfg, init_from="", fsdp=False).problems() if p not in out]
 
 
-def _batches(
-    sids: list[int], lengths: dict[int, int], max_tokens: int, seed: int, epoch: int
-) -> list[list[int]]:
-    """Shuffled (seed, epoch) groups of samples of at most max_tokens tokens (one sample at least)."""
-    order = list(sids)
-    random.Random(seed * 1000 + epoch).shuffle(order)
-    out, cur, n = [], [], 0
-    for s in order:
-        if cur and n + lengths[s] > max_tokens:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(s)
-        n += lengths[s]
-    return out + ([cur] if cur else [])
+@dataclass
+class _BlockRun:
+    """What setup builds once and every phase reads."""
+
+    cfg: object  # TrainConfig
+    out: Path
+    rank: int
+    world: int
+    device: torch.device
+    data: BlockData
+    draft: DFlashDraft
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    lr_at: object  # step -> learning-rate factor (EAGLE-3's schedule: `train.setup._lr_lambda`)
+    per_epoch: int
+    total: int
+    start: int  # the step the run starts at (the checkpoint's on --resume)
+    resumed: Path | None  # the checkpoint --resume continues
+    init_from: str  # the --init-from draft ("" when none)
 
 
-def _sample(ss, sid: int, n_aux: int, max_length: int, device) -> tuple:
-    """(aux (T, n_aux * H), ids (T,), loss_mask (T,)) of one stored sample, truncated to max_length."""
-    d = ss.load(sid)
-    hid = d["hidden"][:max_length, :n_aux].float()  # (T, n_aux, H): the aux slots, not the final one
-    T = hid.shape[0]
-    return (hid.reshape(T, -1).to(device), d["input_ids"][:max_length].long().to(device),
-            d["loss_mask"][:max_length].bool().to(device))  # fmt: skip
+def _build(shards: str, out: Path, cfg) -> _BlockRun:
+    """Processes, data, target, the draft (fresh, --init-from, or the checkpoint), optimizer, schedule."""
+    from specdraft.model.frozen import load_frozen
+    from specdraft.runtime import resolve_device
+    from specdraft.train.setup import _lr_lambda
+
+    rank, world, device = _init_distributed(resolve_device(cfg.device, "train"))
+    data = open_data(shards, cfg)
+    problems = init_problems(cfg, data)
+    if problems:
+        raise ValueError("train: " + "; ".join(problems))
+    tgt = load_frozen(
+        data.target_name, device="cpu", dtype="float32", trust_remote_code=cfg.trust_remote_code
+    )
+    if data.target_hash and tgt.config_hash != data.target_hash:
+        raise ValueError(f"train: the target {data.target_name} is not the one the shards were extracted from: "
+                         "pass --target with the extraction's model")  # fmt: skip
+    draft, start, resumed, init_from = start_draft(cfg, data, tgt, out)
+    draft.to(device)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if resumed is not None:
+        opt.load_state_dict(torch.load(resumed / "optimizer.pt", weights_only=True))
+    per_epoch = len(epoch_batches(data, cfg.max_tokens, cfg.seed, 0))
+    if per_epoch == 0:
+        raise ValueError(f"train: no training batch: {len(data.train_sids)} training samples of length >= 3; "
+                         "add data or lower --val-fraction")  # fmt: skip
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    return _BlockRun(cfg, out, rank, world, device, data, draft, params, opt, _lr_lambda(cfg, total), per_epoch,
+                     total, start, resumed, init_from)  # fmt: skip
 
 
-def _lr(cfg, step: int, total: int) -> float:
-    import math
-
-    warm = max(1, round(cfg.warmup_ratio * total))
-    if step < warm:
-        return (step + 1) / warm
-    if cfg.schedule == "constant":
-        return 1.0
-    p = (step - warm) / max(1, total - warm)
-    lo = cfg.min_lr_ratio
-    return lo + (1 - lo) * (0.5 * (1 + math.cos(math.pi * p)) if cfg.schedule == "cosine" else 1 - p)
+def _global(run: _BlockRun, st: BlockStats) -> BlockStats:
+    """The stats summed over every rank (this rank's in one process)."""
+    return BlockStats.from_tensor(st.Q, _all_sum(st.as_tensor())) if run.world > 1 else st
 
 
-def _log(out: Path, row: dict) -> None:
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
+def _load(run: _BlockRun, sids: list[int]) -> list[tuple]:
+    return [load_sample(run.data, s, run.cfg.max_length, run.device) for s in sids]
+
+
+def _backward_step(run: _BlockRun, loss: torch.Tensor | None, weight: float) -> None:
+    """Backward of this rank's loss over the global loss weight, gradients summed over ranks, clip, step."""
+    run.opt.zero_grad(set_to_none=True)
+    if weight <= 0:  # nothing labelled in the whole global batch: no rank steps
+        return
+    if loss is not None:
+        (loss / weight).backward()
+    if run.world > 1:  # one all-reduce of every gradient (zeros for a rank without samples)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in run.params]
+        flat = _all_sum(torch.cat([g.flatten() for g in grads]))
+        for p, g in zip(run.params, flat.split([g.numel() for g in grads])):
+            p.grad = g.view_as(p).clone()
+    torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+    run.opt.step()
+
+
+def _validate(run: _BlockRun, log: MetricsLog, step: int) -> dict:
+    """Every held-out sample (each rank its share), every valid anchor up to --anchors: recorded, returned."""
+    st = BlockStats(run.draft.cfg.block_size)
+    for s in run.data.val_sids[run.rank :: run.world]:
+        st.add(evaluate(run.draft, _load(run, [s]), anchors_per_seq=run.cfg.anchors))
+    val = _global(run, st).summary()
+    log({"split": "val", "step": step, **val})
+    return val
+
+
+def _checkpoint(run: _BlockRun, step: int) -> Path:
+    """checkpoints/step_N (the draft, the optimizer, the step), the oldest beyond --keep-checkpoints removed."""
+    import shutil
+
+    path = run.out / "checkpoints" / f"step_{step}"
+    if run.rank == 0:
+        save_dflash(run.draft, path, extra={"train": {"step": step}})
+        torch.save(run.opt.state_dict(), path / "optimizer.pt")
+        for p in checkpoints(run.out)[: -run.cfg.keep_checkpoints]:
+            shutil.rmtree(p, ignore_errors=True)
+    barrier(run.world)
+    return path
+
+
+def _print_header(run: _BlockRun) -> None:
+    dc = run.draft.cfg
+    n = sum(p.numel() for p in run.params) / 1e6
+    src = f", from {run.init_from}" if run.init_from else ""
+    print(f"train: DFlash draft, {len(dc.aux_layer_ids)} target layers {dc.aux_layer_ids}, block {dc.block_size}, "
+          f"{dc.num_hidden_layers} layer(s), {n:.2f}M trained params{src}, {len(run.data.train_sids)} train / "
+          f"{len(run.data.val_sids)} val samples, {run.total} steps, {run.world} rank(s)", flush=True)  # fmt: skip
 
 
 def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None) -> Path:
     """Train a DFlash draft on extracted shards; returns OUT/final. `_stop_at` ends the run after that step
     without writing final/ (tests: an interrupted run to resume)."""
-    from specdraft.data.store import ShardSet
-    from specdraft.model.frozen import load_frozen
-
+    # --- check: the settings --draft dflash takes (the --init-from draft is checked against the data in setup)
     problems = block_problems(cfg)
     if problems:
         raise ValueError("train: " + "; ".join(problems))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cpu" if cfg.device in ("auto", "cpu") and not torch.cuda.is_available() else
-                          ("cuda" if cfg.device == "auto" else cfg.device))  # fmt: skip
-    ss = ShardSet.open([p for p in shards.split(",") if p], skip_bad=cfg.skip_bad)
-    man = ss.manifest
-    layer_ids = list(man["layer_ids"])
-    aux_ids = layer_ids[:-1]  # the final id L is captured for EAGLE-3's teacher only
-    tinfo = man["target"]
-    name = cfg.target or tinfo.get("path") or tinfo.get("name")
-    if not cfg.target and tinfo.get("path") and not Path(tinfo["path"]).exists():
-        name = tinfo.get("name")
-    tgt = load_frozen(name, device="cpu", dtype="float32", trust_remote_code=cfg.trust_remote_code)
-    if tinfo.get("config_hash") and tgt.config_hash != tinfo["config_hash"]:
-        raise ValueError(f"train: the target {name} is not the one the shards were extracted from "
-                         f"({tinfo.get('name')}): pass --target with the extraction's model")  # fmt: skip
-    sids = ss.sample_ids()[: cfg.max_samples or None]
-    lengths = {s: min(ss.length(s), cfg.max_length) for s in sids if ss.length(s) >= 3}
-    train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
-    V = tgt.vocab_size
-    dcfg = DFlashConfig.from_target(
-        tgt.text_config, aux_ids, draft_vocab_size=cfg.draft_vocab_size, num_hidden_layers=cfg.draft_layers,
-        block_size=cfg.block_size, mask_token_id=cfg.mask_token_id if cfg.mask_token_id >= 0 else V - 1,
-        target_name=tgt.name, target_config_hash=tgt.config_hash, train_mask_embedding=cfg.train_mask_embedding,
-    )  # fmt: skip
-    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
-    start = 0
-    if cfg.resume and ckpts:
-        draft = load_dflash(ckpts[-1])
-        if draft.cfg.aux_layer_ids != aux_ids or draft.cfg.block_size != cfg.block_size:
-            raise ValueError(f"train --resume: {ckpts[-1]} is a draft for other layers or block size than these "
-                             "settings and data: resume with the settings it was trained with")  # fmt: skip
-        start = json.loads((ckpts[-1] / "config.json").read_text())["train"]["step"]
-    else:
-        torch.manual_seed(cfg.seed)
-        draft = DFlashDraft(dcfg)
-        d2t, t2d = build_vocab_map(ss.token_counts(), dcfg.draft_vocab_size)
-        draft.set_vocab(d2t, t2d)
-        # the target's final norm weight, where its norm is weight * x (Gemma's is (1 + weight) * x: left at ones)
-        norm = None if "Gemma" in type(tgt.norm).__name__ else getattr(tgt.norm, "weight", None)
-        draft.init_from_target(tgt.embed_tokens.weight.detach().float(), tgt.lm_head.weight.detach().float(),
-                               None if norm is None or norm.shape != (dcfg.hidden_size,) else norm.detach().float())  # fmt: skip
-    draft.to(device)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    if start:
-        opt.load_state_dict(torch.load(ckpts[-1] / "optimizer.pt", weights_only=True))
-    per_epoch = len(_batches(train_sids, lengths, cfg.max_tokens, cfg.seed, 0))
-    total = cfg.max_steps or per_epoch * cfg.epochs
-    n_aux = len(aux_ids)
 
-    def load(group):
-        return [_sample(ss, s, n_aux, cfg.max_length, device) for s in group]
+    # --- setup: processes, data, target, draft (fresh, --init-from, or --resume's checkpoint), optimizer ---
+    run = _build(shards, Path(out), cfg)
 
-    def validate(step: int) -> dict:
-        st = BlockStats(dcfg.block_size)
-        for s in val_sids:
-            st.add(evaluate(draft, load([s]), anchors_per_seq=cfg.anchors))
-        row = {"step": step, "val": st.summary()}
-        _log(out, row)
-        return row["val"]
+    # --- logging: metrics.jsonl and the --report-to trackers (rank 0 writes) ---
+    log = MetricsLog(run.out, run.rank, run.resumed is not None, run.start, cfg.tensorboard, cfg.report_to,
+                     asdict(cfg), cfg.project, cfg.run_name)  # fmt: skip
+    if run.rank == 0:
+        _print_header(run)
+    if run.start == 0:
+        _validate(run, log, 0)
 
-    if start == 0:
-        print(f"train: DFlash draft, {n_aux} target layers {aux_ids}, block {dcfg.block_size}, "
-              f"{dcfg.num_hidden_layers} layer(s), {sum(p.numel() for p in params) / 1e6:.2f}M trained params, "
-              f"{total} steps")  # fmt: skip
-        validate(0)
-    for step in range(start, total):
-        epoch, i = divmod(step, per_epoch)
-        group = _batches(train_sids, lengths, cfg.max_tokens, cfg.seed, epoch)[i]
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * _lr(cfg, step, total)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        st = train_step(draft, opt, load(group), cfg.anchors, chunk=64, generator=gen)
-        if (step + 1) % cfg.log_every == 0:
-            _log(out, {"step": step + 1, "lr": opt.param_groups[0]["lr"], **st.summary()})
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total or step + 1 == _stop_at:
-            d = save_dflash(
-                draft, out / "checkpoints" / f"step_{step + 1}", extra={"train": {"step": step + 1}}
-            )
-            torch.save(opt.state_dict(), d / "optimizer.pt")
-            old = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
-            for p in old[: -cfg.keep_checkpoints]:
-                shutil.rmtree(p, ignore_errors=True)
-        if step + 1 == _stop_at:
-            return out / "checkpoints" / f"step_{step + 1}"
-    val = validate(total)
-    acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
-    print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
-    return save_dflash(draft, out / "final", extra={"train": {"step": total, "val": val}})
+    # --- the loop ---
+    for step in range(run.start, run.total):
+        # data: this rank's share of the step's global batch (its samples rank, rank + world, ...)
+        epoch, i = divmod(step, run.per_epoch)
+        group = epoch_batches(run.data, cfg.max_tokens, cfg.seed, epoch)[i]
+        mine = group[run.rank :: run.world]
+        batch = _load(run, mine)
+
+        # forward: each sample's anchors (a function of seed, step and sample: any rank draws the same), the
+        # summed block losses; the global batch's stats (their loss weight divides every rank's loss)
+        anchors = [sample_anchors(lm, cfg.anchors, anchor_generator(cfg.seed, step, s))
+                   for s, (_, _, lm) in zip(mine, batch)]  # fmt: skip
+        loss, st = batch_loss(run.draft, batch, anchors, CHUNK)
+        st = _global(run, st)
+
+        # backward, gradients summed over ranks, clip, step at this step's learning rate
+        for g in run.opt.param_groups:
+            g["lr"] = cfg.lr * run.lr_at(step)
+        _backward_step(run, loss, st.weight)
+
+        # log: the global batch's loss, accuracy per block slot, tau
+        if (step + 1) % cfg.log_every == 0 or step + 1 == run.total:
+            log({"split": "train", "step": step + 1, "epoch": round((step + 1) / run.per_epoch, 4),
+                 "lr": run.opt.param_groups[0]["lr"], "tokens": sum(run.data.lengths[s] for s in group),
+                 **st.summary()})  # fmt: skip
+
+        # checkpoint (and stop here when a test interrupts the run)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 in (run.total, _stop_at):
+            path = _checkpoint(run, step + 1)
+            if step + 1 == _stop_at:
+                log.close()
+                return path
+
+    # --- end: final validation, final/ (rank 0) ---
+    val = _validate(run, log, run.total)
+    final = run.out / "final"
+    if run.rank == 0:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
+        print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
+        extra = {"step": run.total, "val": val, **({"init_from": run.init_from} if run.init_from else {})}
+        save_dflash(run.draft, final, extra={"train": extra})
+    log.close()
+    barrier(run.world)
+    return final
