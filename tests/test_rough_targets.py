@@ -250,11 +250,10 @@ def test_doctor_checks_aux_layer_ids_as_extract_does(shallow):
 
 def test_doctor_takes_layers_as_extract_and_train_do():
     """`specdraft doctor --layers 0 1 3`: the same flag as extract/train; --aux-layer-ids stays its alias."""
-    from specdraft.cli import build_parser
+    from specdraft.cli import _parse_command
 
-    parser, _ = build_parser({"doctor": doctor})
-    args = parser.parse_args(["doctor", "--target", "t", "--layers", "0", "1", "3"])
-    assert args.layers == [0, 1, 3] and args.aux_layer_ids is None
+    args = _parse_command("doctor", doctor, ["--target", "t", "--layers", "0", "1", "3"], {}, loose=False)
+    assert args["layers"] == [0, 1, 3] and args["aux_layer_ids"] is None
     with pytest.raises(ValueError, match=r"--layers \[0, 1, 3\] and --aux-layer-ids \[1, 2, 3\] differ"):
         doctor(target="t", layers=[0, 1, 3], aux_layer_ids=[1, 2, 3])
 

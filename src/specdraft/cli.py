@@ -1,8 +1,11 @@
-"""The command line: one table of commands, each a typed function; flags are generated from signatures.
+"""The command line: one table of commands, each a typed function; tyro builds each command's options from its
+signature.
 
 A parameter without default is positional; `bool` becomes --flag/--no-flag; `list[int]` takes several
-values; a dataclass parameter expands into one flag per field, documented by the field's trailing
-comment. Help texts come from the function's docstring `Args:` section.
+values; `Literal[...]` lists its choices; a dataclass parameter spreads into one option per field,
+documented by the field's comment (or docstring). Help texts come from the function's docstring `Args:`
+section. Around tyro: --config FILE and --print-config, the settings each run records, `train --resume`
+reading them back, and the names other trainers give our options.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ import errno
 import inspect
 import json
 import os
-import re
 import signal
 import sys
 import threading
-import types
 import typing
 from importlib import import_module
 from pathlib import Path
+from typing import Annotated
+
+ABOUT = "Train speculative-decoding drafts (EAGLE-3, DFlash) on a target's own hidden states; serve them with vLLM and SGLang."
 
 # name -> "module:function"; imported lazily so `specdraft --help` and `doctor` start fast
 COMMANDS = {
@@ -50,138 +54,132 @@ RESUME_HINTS = {
 }
 
 
-def _arg_docs(fn) -> dict[str, str]:
-    """Each parameter's text in the docstring's `Args:` section, at whatever indentation the section sits."""
-    doc = inspect.getdoc(fn) or ""
-    out, cur, indent = {}, None, None
-    for line in doc.splitlines():
-        if line.strip() == "Args:":
-            indent = len(line) - len(line.lstrip())
-            continue
-        if indent is None:
-            continue
-        depth = len(line) - len(line.lstrip())
-        m = re.match(r"^(\w+):\s*(.*)$", line.strip())
-        if m and depth == indent + 4:
-            cur = m.group(1)
-            out[cur] = m.group(2)
-        elif line.strip() and depth > indent + 4 and cur:
-            out[cur] += " " + line.strip()
-        elif line.strip():
-            indent = None
-    return out
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """Field docs of a dataclass: the `# comment`s on each field's lines (a field written over several lines,
-    its comment wrapped inside the parentheses, included), read with `ast` and `tokenize`."""
-    import ast
-    import io
+def _help_texts(fn) -> dict[str, str]:
+    """Each parameter's text in the docstring's `Args:` section, its line breaks joined (docstring_parser)."""
     import textwrap
-    import tokenize
 
-    docs = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
+    import docstring_parser
+
+    first, _, rest = (inspect.getdoc(fn) or "").partition("\n")
+    doc = docstring_parser.parse(first + "\n" + textwrap.dedent(rest))  # an Args: section indented as a body
+    return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
+
+
+def _merged_positionals(fn) -> list[str]:
+    """The positionals tyro takes as one list: a list positional and those after it (`prepare DATA... OUT`);
+    tyro's parser gives a list positional every word, so the command line's last words are split off here."""
+    hints, names = typing.get_type_hints(fn), []
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.default is not inspect.Parameter.empty:
             continue
-        src = textwrap.dedent(inspect.getsource(klass))
-        comments = {}
-        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-            text = tok.string.lstrip("#").strip()
-            if tok.type == tokenize.COMMENT and not text.startswith(("fmt:", "noqa", "type:")):
-                comments[tok.start[0]] = text
-        for node in ast.parse(src).body[0].body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
-                found = [comments[n] for n in lines if n in comments]
-                if found:
-                    docs[node.target.id] = " ".join(found)
-    return docs
+        if names or typing.get_origin(hints.get(name)) is list:
+            names.append(name)
+    return names if len(names) > 1 else []
 
 
-def _unwrap(tp):
-    """(base type, is_list, choices) of an annotation such as `int`, `list[int] | None`, `Literal["a", "b"]`."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _unwrap(args[0])
-    if origin in (list, tuple):
-        base, _, choices = _unwrap(typing.get_args(tp)[0])
-        return base, True, choices
-    if origin is typing.Literal:
-        choices = typing.get_args(tp)
-        return type(choices[0]), False, choices
-    return tp, False, None
+def command_signature(cmd: str, fn, config: dict | None = None, loose: bool = False) -> inspect.Signature:
+    """`fn`'s signature as the command line shows it (tyro reads it): a parameter without default is positional,
+    a dataclass parameter spreads its fields as options of their own (documented by each field's comment or
+    docstring), `config` (name -> value, from --config) replaces defaults, and --config/--print-config are
+    added. `loose`: positionals may be left out (--print-config alone)."""
+    import tyro
 
-
-def _shown(default) -> str:
-    """How --help shows a default."""
-    if isinstance(default, bool):
-        return "on" if default else "off"
-    if default is None or default == []:
-        return "none"
-    if default == "":
-        return "empty"
-    return " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
-
-
-def _add(parser, name: str, tp, default, help_text: str, positional: bool, from_config: bool = False) -> None:
-    base, is_list, choices = _unwrap(tp)
-    flag = name.replace("_", "-")
-    if positional and from_config:  # given by --config: the command line may still name it
-        parser.add_argument(name, type=base, nargs="*" if is_list else "?", default=default,
-                            help=help_text + f" (from --config: {default})")  # fmt: skip
-    elif positional:
-        parser.add_argument(name, type=base, nargs="+" if is_list else None, help=help_text)
-    elif base is bool:
-        parser.add_argument(f"--{flag}", dest=name, action=argparse.BooleanOptionalAction, default=default,
-                            help=f"{help_text} (default: {_shown(default)})")  # fmt: skip
-    else:
-        parser.add_argument(f"--{flag}", dest=name, type=base, nargs="+" if is_list else None, default=default,
-                            choices=choices, metavar=None if choices else flag.upper().replace("-", "_"),
-                            help=f"{help_text} (default: {_shown(default)})")  # fmt: skip
-
-
-def build_parser(fns: dict, config: dict | None = None) -> tuple[argparse.ArgumentParser, dict]:
-    """The parser of every command in `fns`; `config` (name -> value, from --config) replaces defaults."""
     config = config or {}
-    parser = _Parser(prog="specdraft", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    dataclass_params: dict[str, dict[str, type]] = {}
-    for cmd, fn in fns.items():
-        doc = inspect.getdoc(fn) or ""
-        p = sub.add_parser(
-            cmd, help=doc.splitlines()[0] if doc else "", description=doc.split("\n\nArgs:")[0]
-        )
-        hints = typing.get_type_hints(fn)
-        docs = _arg_docs(fn)
-        dataclass_params[cmd] = {}
-        for pname, param in inspect.signature(fn).parameters.items():
-            tp = hints.get(pname, str)
-            if dataclasses.is_dataclass(tp):
-                dataclass_params[cmd][pname] = tp
-                fdocs = _field_docs(tp)
-                fhints = typing.get_type_hints(tp)
-                group = p.add_argument_group(f"{cmd} settings")
-                for f in dataclasses.fields(tp):
-                    if not f.init:
-                        continue
-                    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-                    default = config.get(f.name, default)
-                    _add(group, f.name, fhints[f.name], default, fdocs.get(f.name, ""), positional=False)
-                continue
-            positional = param.default is inspect.Parameter.empty
-            default = config.get(pname, None if positional else param.default)
-            _add(p, pname, tp, default, docs.get(pname, ""), positional, from_config=pname in config)
-        p.add_argument("--config", metavar="FILE", default=None,
-                       help="read the settings from FILE (JSON: the settings file a run writes beside its output, "
-                            "or an object of option -> value); options given here override it")  # fmt: skip
-        p.add_argument("--print-config", action="store_true",
-                       help="print the settings this command would run with (a valid --config FILE) and exit")  # fmt: skip
-        for action in p._actions:  # each option given on the command line is recorded in `_given`
-            if action.dest not in ("help", "config", "print_config"):
-                action.__class__ = _recording(type(action))
-    return parser, dataclass_params
+    hints, docs, merged = typing.get_type_hints(fn), _help_texts(fn), _merged_positionals(fn)
+    params = []
+    for name, p in inspect.signature(fn).parameters.items():
+        tp, default, positional = hints.get(name, str), config.get(name, p.default), False
+        if dataclasses.is_dataclass(tp):
+            fields = {f.name for f in dataclasses.fields(tp) if f.init}
+            default = tp(**{k: v for k, v in config.items() if k in fields})
+            ann = Annotated[tp, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name=cmd, help="")]
+        elif name in merged[1:]:
+            continue
+        elif name in merged:  # DATA... OUT: one list of words, split again in _parse_command
+            name, tp, positional = "_".join(merged), list[str], True
+            given = [config[n] for n in merged if n in config]
+            default = [*given[0], *given[1:]] if len(given) == len(merged) else p.default
+            helps = " ".join(f"{n.upper()}: {docs.get(n, '')}" for n in merged)
+            ann = Annotated[list[str], tyro.conf.Positional, tyro.conf.arg(
+                help=helps, metavar=" ".join(n.upper() + ("..." if n == merged[0] else "") for n in merged))]  # fmt: skip
+        elif p.default is inspect.Parameter.empty:
+            positional = True
+            ann = Annotated[
+                tp, tyro.conf.Positional, tyro.conf.arg(help=docs.get(name, ""), metavar=name.upper())
+            ]
+        else:
+            ann = Annotated[tp, tyro.conf.arg(help=docs.get(name, ""))]
+        if positional and default is inspect.Parameter.empty and loose:
+            default, ann = None, Annotated[(ann.__origin__ | None, *ann.__metadata__)]
+        elif positional and default is inspect.Parameter.empty:  # tyro shows a list left out as "(default: )"
+            ann = Annotated[
+                (ann.__origin__, *ann.__metadata__, tyro.conf.arg(help_behavior_hint="(required)"))
+            ]
+        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                        annotation=ann))  # fmt: skip
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params += [
+        inspect.Parameter("config", kw, default=None, annotation=Annotated[str | None, tyro.conf.arg(
+            metavar="FILE", help="read the settings from FILE (JSON: the settings file a run writes beside its "
+            "output, or an object of option -> value); options given here override it")]),
+        inspect.Parameter("print_config", kw, default=False, annotation=Annotated[bool, tyro.conf.FlagCreatePairsOff,
+            tyro.conf.arg(help="print the settings this command would run with (a valid --config FILE) and exit")]),
+    ]  # fmt: skip
+    return inspect.Signature(params)
+
+
+def _arguments(fn, sig: inspect.Signature):
+    """A function with `fn`'s docs and `sig`, returning the arguments it was called with (what tyro parsed)."""
+
+    def arguments(*args, **kwargs) -> dict:
+        return dict(sig.bind(*args, **kwargs).arguments)
+
+    arguments.__signature__ = sig  # type: ignore[attr-defined]
+    arguments.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
+    arguments.__doc__ = (inspect.getdoc(fn) or "").split("\n\nArgs:")[0]
+    arguments.__name__, arguments.__module__ = fn.__name__, fn.__module__
+    return arguments
+
+
+#: how tyro builds every command: no `None` on the command line (an option left out keeps its default None)
+TYRO_CONFIG = ("DisallowNone",)
+
+
+def command_parser(cmd: str, fn, config: dict | None = None, loose: bool = False):
+    """The argparse parser tyro builds for `specdraft CMD` (what --help prints; the tests read its options)."""
+    import warnings
+
+    import tyro
+
+    conf = tuple(getattr(tyro.conf, m) for m in TYRO_CONFIG)
+    with warnings.catch_warnings():  # tyro 1.0 marks get_parser deprecated, with no replacement yet
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return tyro.extras.get_parser(_arguments(fn, command_signature(cmd, fn, config, loose)),
+                                      prog=f"specdraft {cmd}", config=conf)  # fmt: skip
+
+
+def _parse_command(cmd: str, fn, args: list[str], config: dict, loose: bool) -> dict:
+    """tyro's parse of `args` for `cmd`: parameter -> value, a dataclass parameter built from its fields."""
+    import tyro
+
+    _refuse_other_names(cmd, fn, args)
+    conf = tuple(getattr(tyro.conf, m) for m in TYRO_CONFIG)
+    parsed = tyro.cli(_arguments(fn, command_signature(cmd, fn, config, loose)), args=args,
+                      prog=f"specdraft {cmd}", config=conf)  # fmt: skip
+    merged = _merged_positionals(fn)
+    if merged:  # DATA... OUT: the last words are the positionals after the list
+        words = parsed.pop("_".join(merged))
+        if words is not None and len(words) < len(merged):
+            raise ValueError(f"expected {merged[0].upper()}... {' '.join(n.upper() for n in merged[1:])} (at "
+                             f"least {len(merged)} words), got {len(words)}: {words}")  # fmt: skip
+        rest = len(merged) - 1
+        values = [None] * len(merged) if words is None else [words[:-rest], *words[-rest:]]
+        parsed = {**dict(zip(merged, values)), **parsed}
+    missing = [n.upper() for n, p in inspect.signature(fn).parameters.items()
+               if p.default is inspect.Parameter.empty and parsed.get(n) in (None, []) and not loose]  # fmt: skip
+    if missing:  # tyro gives a list positional left out as []
+        raise ValueError(f"missing {' '.join(missing)} (see `specdraft {cmd} --help`)")
+    return parsed
 
 
 #: what users of other trainers type -> our option (speculators, SpecForge, EAGLE's scripts, HF Trainer)
@@ -197,67 +195,73 @@ SYNONYMS = {
 }  # fmt: skip
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, where an unknown option names the nearest one the command has (or the one it is called here)."""
+def _option_names(fn) -> dict[str, tuple[str, bool]]:
+    """`--flag` -> (parameter or field name, whether it is a flag pair) for every option of `fn`."""
+    hints, out = typing.get_type_hints(fn), {}
+    for name, p in inspect.signature(fn).parameters.items():
+        tp = hints.get(name, str)
+        pairs = [(f.name, typing.get_type_hints(tp)[f.name]) for f in dataclasses.fields(tp) if f.init] if (
+            dataclasses.is_dataclass(tp)) else [(name, tp)] if p.default is not inspect.Parameter.empty else []  # fmt: skip
+        for n, t in pairs:
+            out["--" + n.replace("_", "-")] = (n, t is bool)
+    out.update({"--config": ("config", False), "--print-config": ("print_config", False)})
+    return out
 
-    def error(self, message: str):
-        m = re.match(r"unrecognized arguments: (.*)", message)
-        if m:
-            hints = [h for h in (self._suggest(a) for a in m.group(1).split() if a.startswith("--")) if h]
-            if hints:
-                message += "; " + "; ".join(hints)
-        super().error(message)
 
-    def _suggest(self, arg: str) -> str:
-        import difflib
-
-        word = arg.split("=")[0]
-        cmd = self._subcommand()
-        options = {s for a in cmd._actions for s in a.option_strings if s.startswith("--")} if cmd else set()
-        if not options:
-            return ""
-        near = SYNONYMS.get(word[2:])
+def _refuse_other_names(cmd: str, fn, args: list[str]) -> None:
+    """An option named as another trainer names it: say ours, the way argparse refuses (exit 2)."""
+    options = _option_names(fn)
+    hints = []
+    for a in args:
+        word = a.split("=")[0]
+        near = SYNONYMS.get(word[2:]) if word.startswith("--") and word not in options else None
         if near and f"--{near}" in options:
-            return f"{word}: specdraft {cmd.prog.split()[-1]} calls it --{near}"
-        close = difflib.get_close_matches(word, options, n=1, cutoff=0.7)
-        return f"{word}: did you mean {close[0]}?" if close else ""
-
-    def _subcommand(self) -> argparse.ArgumentParser | None:
-        """The parser of the command being parsed (self when it is one)."""
-        if self.prog != "specdraft":
-            return self
-        wanted = next((a for a in _ARGV if not a.startswith("-")), None)
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(wanted) or (
-                    next(iter(action.choices.values())) if len(action.choices) == 1 else None
-                )
-        return None
+            hints.append((word, f"{word}: specdraft {cmd} calls it --{near}"))
+    if hints:
+        print(f"usage: specdraft {cmd} [-h] [OPTIONS]\nspecdraft {cmd}: error: unrecognized arguments: "
+              f"{' '.join(w for w, _ in hints)}; {'; '.join(h for _, h in hints)}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
 
 
-_ARGV: list[str] = []  # the command line being parsed (for _Parser's suggestions)
-_RECORDING: dict[type, type] = {}
+def _given(fn, args: list[str], parsed: dict, config: dict) -> set[str]:
+    """The settings this command line names: its options, and the positionals it gives (not from --config)."""
+    options = _option_names(fn)
+    given = set()
+    for a in args:
+        word = a.split("=")[0]
+        if word.startswith("--no-") and options.get("--" + word[5:], ("", False))[1]:
+            word = "--" + word[5:]
+        if word in options:
+            given.add(options[word][0])
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.default is inspect.Parameter.empty and parsed.get(name) is not None and (
+                name not in config or parsed[name] != config[name]):  # fmt: skip
+            given.add(name)
+    return given
 
 
-def _recording(cls: type) -> type:
-    """`cls`, recording its destination in the namespace's `_given` set when the parser calls it."""
-    if cls not in _RECORDING:
+def _print_commands(fns: dict, wanted: str | None) -> int:
+    """`specdraft`, `specdraft --help` or an unknown command: the table of commands (exit 2 when mistaken)."""
+    import difflib
 
-        def __call__(self, parser, namespace, values, option_string=None):
-            given = getattr(namespace, "_given", set())
-            if option_string is not None or values not in (None, []):  # a positional left out is not given
-                given.add(self.dest)
-            namespace._given = given
-            return cls.__call__(self, parser, namespace, values, option_string)
-
-        _RECORDING[cls] = type(cls.__name__, (cls,), {"__call__": __call__})
-    return _RECORDING[cls]
+    lines = [f"usage: specdraft COMMAND [-h] [OPTIONS]\n\n{ABOUT}\n\ncommands:"]
+    for name, fn in fns.items():
+        lines.append(f"  {name:<12}{(inspect.getdoc(fn) or '').splitlines()[0]}")
+    lines.append("\n`specdraft COMMAND --help` shows a command's options.")
+    mistaken = wanted is not None and wanted not in ("-h", "--help")
+    if mistaken:
+        near = difflib.get_close_matches(wanted, list(COMMANDS), n=1)
+        lines.append(
+            f"specdraft: error: no command {wanted!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+        )
+    print("\n".join(lines), file=sys.stderr if mistaken else sys.stdout)
+    return 2 if mistaken else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # resolve only the command being run (others may need optional engines); help lists all names
-    wanted = next((a for a in argv if not a.startswith("-")), None)
+    # resolve only the command being run (others may need optional engines); the table lists all names
+    wanted = argv[0] if argv else None
     fns = {}
     for name, target in COMMANDS.items():
         if wanted in (None, name) or wanted not in COMMANDS:
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as e:
                 if wanted == name:
                     raise SystemExit(f"specdraft {name}: cannot import {mod} ({e})") from e
+    if wanted not in COMMANDS:
+        return _print_commands(fns, wanted)
     from specdraft import runtime
 
     runtime.GIVEN.clear()
@@ -279,19 +285,18 @@ def main(argv: list[str] | None = None) -> int:
         runtime.GIVEN.clear()
 
 
-def _run(fns: dict, argv: list[str], wanted: str | None) -> int:
+def _run(fns: dict, argv: list[str], cmd: str) -> int:
     """Parse `argv` (with its --config), run the command, record its settings; its exit status."""
     try:
-        cmd, kwargs, settings = _parse(fns, argv)
+        kwargs, settings = _parse(cmd, fns[cmd], argv[1:])
     except (ValueError, FileNotFoundError) as e:
-        print(f"specdraft {wanted}: error: {e}", file=sys.stderr)
+        print(f"specdraft {cmd}: error: {e}", file=sys.stderr)
         return 2
     if settings is None:  # --print-config: printed
         return 0
-    fn = fns[cmd]
     try:
         with _sigterm_as_interrupt():
-            result = fn(**kwargs)
+            result = fns[cmd](**kwargs)
     except Terminated:
         print(f"specdraft {cmd}: terminated (SIGTERM); {_hint(cmd, argv, kwargs)}", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -308,59 +313,54 @@ def _run(fns: dict, argv: list[str], wanted: str | None) -> int:
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
-def _parse(fns: dict, argv: list[str]) -> tuple[str, dict, dict | None]:
-    """(command, its keyword arguments, its flat settings: option name -> value), with --config FILE's values
-    (or, for `train --resume`, the settings OUT/train_settings.json recorded) where the command line gives
-    none; the settings are None after --print-config printed them. Records where each came from in GIVEN."""
+def _flat(parsed: dict) -> dict:
+    """Option name -> value: a dataclass parameter's fields in place of it."""
+    out = {}
+    for name, value in parsed.items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out |= {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+        else:
+            out[name] = value
+    return out
+
+
+def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
+    """(`fn`'s keyword arguments, its flat settings: option name -> value), with --config FILE's values (or, for
+    `train --resume`, the settings OUT/train_settings.json recorded) where the command line gives none; the
+    settings are None after --print-config printed them. Records where each came from in runtime.GIVEN."""
     from specdraft import runtime
 
-    _ARGV[:] = argv
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     pre.add_argument("--print-config", action="store_true")
-    known, _ = pre.parse_known_args(argv)
-    wanted = next((a for a in argv if not a.startswith("-")), None)
+    known, _ = pre.parse_known_args(args)
     config, source = {}, ""
-    if known.config and wanted in fns:
-        config, source = _config(fns[wanted], wanted, known.config), f"--config {known.config}"
-    loose = known.print_config and wanted in fns
-    if loose:  # --print-config alone: the positionals may be left out
-        fn = fns[wanted]
-        config = {
-            p: None for p, v in inspect.signature(fn).parameters.items() if v.default is v.empty
-        } | config
-    parser, dc_params = build_parser(fns, config)
-    ns = vars(parser.parse_args(argv))
-    cmd = ns.pop("command")
-    if cmd == "train" and ns.get("resume") and not known.config:
-        recorded = Path(ns["out"]) / "train_settings.json"
+    if known.config:
+        config, source = _config(fn, cmd, known.config), f"--config {known.config}"
+    parsed = _parse_command(cmd, fn, args, config, loose=known.print_config)
+    if cmd == "train" and parsed["cfg"].resume and not known.config:
+        recorded = Path(parsed["out"]) / "train_settings.json"
         if recorded.is_file():  # --resume: the recorded settings, unless the command line says otherwise
-            config, source = _config(fns[cmd], cmd, str(recorded)), f"recorded in {recorded}"
-            parser, dc_params = build_parser({cmd: fns[cmd]}, config)
-            ns = vars(parser.parse_args(argv))
-            ns.pop("command")
-    given = ns.pop("_given", set())
-    ns.pop("config", None)
-    print_config = ns.pop("print_config", False)
+            config, source = _config(fn, cmd, str(recorded)), f"recorded in {recorded}"
+            parsed = _parse_command(cmd, fn, args, config, loose=False)
+    print_config = parsed.pop("print_config")
+    parsed.pop("config")
+    given = _given(fn, args, parsed, config)
+    settings = _flat(parsed)
     for k in config:
         runtime.GIVEN[k] = source
     for k in given:
-        if not (k in config and ns.get(k) == config[k]):
+        if not (k in config and settings.get(k) == config[k]):
             runtime.GIVEN[k] = "command line"
-    kwargs, settings = {}, dict(ns)
-    for pname, cls in dc_params[cmd].items():
-        names = [f.name for f in dataclasses.fields(cls) if f.init]
-        kwargs[pname] = cls(**{n: ns.pop(n) for n in names})
-    kwargs.update(ns)
     if print_config:
         print(json.dumps(runtime.settings_doc(cmd, settings), indent=2))
-        return cmd, kwargs, None
+        return parsed, None
     if source.startswith("recorded"):
         changed = sorted(k for k in given if k != "resume" and settings.get(k) != config.get(k))
         print(f"specdraft {cmd}: --resume: the settings {source}, with the command line's "
               f"{', '.join('--' + k.replace('_', '-') for k in changed) or 'none'} over them",
               file=sys.stderr)  # fmt: skip
-    return cmd, kwargs, settings
+    return parsed, settings
 
 
 def _config(fn, cmd: str, path: str) -> dict:

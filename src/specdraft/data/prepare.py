@@ -180,7 +180,7 @@ def prepare(
         seed: the seed of a mixture's draw and order.
         reasoning_format: with a chat template that renders no reasoning (and opens no think block), reasoning
             given as a field is left out (counted, said); `think` puts it in the content instead, as
-            `<think>\n...\n</think>\n\n` before the answer. Templates that render reasoning ignore it.
+            `<think>\\n...\\n</think>\\n\\n` before the answer. Templates that render reasoning ignore it.
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 

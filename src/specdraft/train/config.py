@@ -1,7 +1,7 @@
 """TrainConfig: the settings of `specdraft train`, their checks, and which of them may change on --resume.
 
-Each field's trailing `# comment` is its `--help` text: the CLI reads it from this source, so keep one
-field a line with its comment beside it.
+Each field's `# comment` (or, where it is too long for the line, the docstring under it) is its `--help`
+text: tyro reads it from this source.
 """
 
 from __future__ import annotations
@@ -25,18 +25,16 @@ class TrainConfig:
     allow_partial: bool = False  # train on an incomplete extraction (samples missing), saying how many
     online: bool = False  # capture hidden states from the target in process (DATA is then a prepared dataset)
     layers: list[int] | None = None  # aux layer ids for --online (default 2, L//2, L-3)
-    backend: Literal["hf", "vllm"] = (
-        "hf"  # --online: capture in process with transformers (hf) or through a vLLM engine (vllm; under torchrun rank 0 runs it for every rank)
-    )
+    backend: Literal["hf", "vllm"] = "hf"
+    """--online: capture in process with transformers (hf) or through a vLLM engine (vllm; under torchrun rank 0 runs it for every rank)"""
     tensor_parallel_size: int = 1  # --online --backend vllm: the engine's tensor parallel size
     engine_args: str = ""  # --online --backend vllm: more vllm.LLM options (JSON), checked before loading
     init_from: str = ""  # start from a trained draft (a final/, a checkpoint, or a train OUT): its weights and draft vocabulary, with a new optimizer and schedule (more data for a finished draft)
     draft_vocab_size: int = 32000  # draft vocabulary size (top tokens by frequency), capped at the target's
     norm_before_residual: bool = False  # residual = hidden_norm(h) (speculators variant) instead of h
     init_lm_head: bool = True  # start lm_head from the target's rows of the draft vocabulary
-    fc_init: Literal["random", "high"] = (
-        "random"  # fc starts random (EAGLE-3), or high: the identity on the highest aux layer
-    )
+    fc_init: Literal["random", "high"] = "random"
+    """fc starts random (EAGLE-3), or high: the identity on the highest aux layer"""
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
@@ -48,14 +46,12 @@ class TrainConfig:
     max_tokens: int = 4096  # padded tokens per optimizer step, summed over all ranks (length-grouped batches)
     max_length: int = 2048  # longer samples are truncated to this many tokens
     max_samples: int = 0  # use only the first N samples (0 = all)
-    recipe: Literal["auto", "on", "off"] = (
-        "auto"  # the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off
-    )
+    recipe: Literal["auto", "on", "off"] = "auto"
+    """the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off never"""
     lr: float = 1e-4  # peak learning rate of AdamW
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = (
-        "cosine"  # after warmup: cosine, linear, constant, wsd (constant, linear at the end)
-    )
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    """after warmup: cosine, linear, constant, wsd (constant, linear at the end)"""
     cooldown_ratio: float = 0.2  # wsd: share of all steps, at the end, decaying to --min-lr-ratio
     warmup_ratio: float = 0.015  # warmup length as a fraction of all steps
     weight_decay: float = 0.0  # AdamW weight decay
@@ -69,31 +65,27 @@ class TrainConfig:
     resume: bool = False  # continue exactly from the newest checkpoint in OUT
     seed: int = 0  # seed of the draft's init and of the data order
     device: str = "auto"  # auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda[:N] (under torchrun: cuda:LOCAL_RANK)
-    dtype: Literal["auto", "float32", "bfloat16"] = (
-        "auto"  # compute dtype: auto (bfloat16 on a GPU that supports it, else float32), float32, bfloat16 (autocast)
-    )
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """compute dtype: auto (bfloat16 on a GPU that supports it, else float32), float32, bfloat16 (autocast)"""
     fsdp: bool = False  # shard the draft with FSDP2 fully_shard instead of DDP (distributed runs)
     attention_chunk: int = 1 << 25  # TTT attention: causal scores held at a time (elements; memory, not math)
-    checkpoint_head: Literal["auto", "on", "off"] = (
-        "auto"  # recompute lm_head + loss in backward: on, off, or auto (on when K x tokens x Vd activations exceed 2 GiB)
-    )
+    checkpoint_head: Literal["auto", "on", "off"] = "auto"
+    """recompute lm_head + loss in backward: on, off, or auto (on when K x tokens x Vd activations exceed 2 GiB)"""
     checkpoint_layer: bool = False  # recompute each TTT step's layer in backward (long samples)
     prefetch: bool = True  # load (shards) or capture (--online --backend vllm) batches in a background thread
     prefetch_depth: int = 2  # how many batches the background thread prepares ahead (a bounded queue)
     tensorboard: bool = True  # also log to OUT/tb when the tensorboard package is installed
     report_to: str = ""  # also report to, comma-separated: tensorboard, wandb, trackio, mlflow (offline, in OUT, unless WANDB_MODE, MLFLOW_TRACKING_URI, TRACKIO_SPACE_ID say otherwise)
     project: str = ""  # --report-to: the trackers' project (MLflow: experiment); empty = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME when set, else the name of OUT's parent directory
-    run_name: str = (
-        ""  # --report-to: the run's name in the trackers; empty = WANDB_NAME when set, else OUT's name
-    )
+    run_name: str = ""
+    """--report-to: the run's name in the trackers; empty = WANDB_NAME when set, else OUT's name"""
     progress: bool = True  # show a progress bar
     draft: str = "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
     block_size: int = 8  # --draft dflash: tokens per block, the anchor then block_size - 1 drafted
     draft_layers: int = 1  # --draft dflash: decoder layers of the draft
     anchors: int = 64  # --draft dflash: blocks (anchors) sampled per sequence per step
-    mask_token_id: int = (
-        -1
-    )  # --draft dflash: token id the served format puts in mask slots (-1 = the last vocabulary row)
+    mask_token_id: int = -1
+    """--draft dflash: token id the served format puts in mask slots (-1 = the last vocabulary row)"""
     train_mask_embedding: bool = True  # --draft dflash: train the mask slots' embedding (vLLM reads it from mask_embedding.pt); off keeps the target's embedding of --mask-token-id, which SGLang needs
 
     def problems(self) -> list[str]:
