@@ -50,6 +50,10 @@ def test_train_dflash_end_to_end(shards, tmp_path):
 def test_resume_is_exact(shards, tmp_path):
     a = load_dflash(train_dflash(str(shards), tmp_path / "a", cfg()))
     train_dflash(str(shards), tmp_path / "b", cfg(), _stop_at=2)
+    with pytest.raises(ValueError, match="already holds checkpoints .newest step_2.: pass --resume"):
+        train_dflash(str(shards), tmp_path / "b", cfg())
+    with pytest.raises(ValueError, match="--resume: no checkpoint under"):
+        train_dflash(str(shards), tmp_path / "c", cfg(resume=True))
     b = load_dflash(train_dflash(str(shards), tmp_path / "b", cfg(resume=True)))
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), k

@@ -70,6 +70,15 @@ def block_problems(cfg) -> list[str]:
     return out + [p for p in replace(cfg, init_from="", fsdp=False).problems() if p not in out]
 
 
+def _out_problems(out: Path, resume: bool) -> list[str]:
+    """OUT against --resume, as EAGLE-3's `train` checks it: continue a run's checkpoints or start in a new OUT."""
+    ckpts = checkpoints(out)
+    if ckpts and not resume:
+        return [f"{out} already holds checkpoints (newest {ckpts[-1].name}): pass --resume to continue, or "
+                "choose another OUT directory"]  # fmt: skip
+    return [f"--resume: no checkpoint under {out}/checkpoints to resume from"] if resume and not ckpts else []
+
+
 @dataclass
 class _BlockRun:
     """What setup builds once and every phase reads."""
@@ -185,7 +194,7 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
     """Train a DFlash draft on extracted shards; returns OUT/final. `_stop_at` ends the run after that step
     without writing final/ (tests: an interrupted run to resume)."""
     # --- check: the settings --draft dflash takes (the --init-from draft is checked against the data in setup)
-    problems = block_problems(cfg)
+    problems = block_problems(cfg) + _out_problems(Path(out), cfg.resume)
     if problems:
         raise ValueError("train: " + "; ".join(problems))
 
