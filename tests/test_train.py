@@ -389,3 +389,51 @@ def test_real_target_short_run_learns(tmp_path):
     val = [r for r in metrics(tmp_path / "run") if r["split"] == "val"]
     assert val[-1]["loss"] < 0.8 * val[0]["loss"], (val[0], val[-1])
     assert val[-1]["acc"][0] > val[0]["acc"][0] + 0.1, (val[0]["acc"], val[-1]["acc"])
+
+
+def test_training_png_is_drawn_during_training(tmp_path, data, monkeypatch):
+    """training.png appears at the first mid-run checkpoint (not only at the end), and is redrawn with later ones."""
+    _, shards = data
+    seen = {}
+
+    def look(step):
+        png = tmp_path / "run" / "training.png"
+        seen[step] = png.stat().st_mtime_ns if png.exists() else None
+
+    monkeypatch.setattr(loop, "_after_step", look)
+    train(str(shards), str(tmp_path / "run"), cfg(epochs=2, checkpoint_every=2, val_every=3))
+    assert seen[1] is None and seen[2] is not None  # drawn with the checkpoint of step 2
+    assert seen[3] is not None and seen[3] >= seen[2]  # and redrawn with step 3's validation
+    assert not list((tmp_path / "run").glob(".*.tmp"))  # written whole
+
+
+def test_a_signal_while_training_png_draws_is_delivered_after_it(tmp_path, monkeypatch):
+    """SIGTERM inside matplotlib could land in a finalizer and be dropped; it is held, then raised after."""
+    import os
+    import signal
+
+    from specdraft.train import plot
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        drawn = []
+
+        def draw(recs, png):
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-drawing
+            png.write_bytes(b"png")
+            drawn.append(png)
+
+        monkeypatch.setattr(plot, "_draw", draw)
+        (tmp_path / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 1.0}\n')
+        with pytest.raises(Stop):
+            plot.plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "training.png")
+        assert drawn and (tmp_path / "training.png").read_bytes() == b"png"  # the drawing finished first
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, before)

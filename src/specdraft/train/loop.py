@@ -654,11 +654,15 @@ def _train(run: _Run, ckpt: Path | None) -> Path:
                 meter = _Meter()
             bar.update(1)
 
-            # validate and checkpoint
-            if cfg.val_every and cur.step % cfg.val_every == 0 and cur.step < run.total:
+            # validate and checkpoint; training.png redrawn with them
+            validate = cfg.val_every and cur.step % cfg.val_every == 0 and cur.step < run.total
+            if validate:
                 _validate(run, log, cur.step)
-            if cur.step % cfg.checkpoint_every == 0 and cur.step < run.total:
+            checkpoint = cur.step % cfg.checkpoint_every == 0 and cur.step < run.total
+            if checkpoint:
                 last_ckpt = _checkpoint(run, cur.step)
+            if (validate or checkpoint) and run.rank == 0:
+                plot_metrics(log.path, run.out_dir / "training.png")
             _after_step(cur.step)
     finally:
         bar.close()

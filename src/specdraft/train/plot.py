@@ -1,9 +1,20 @@
-"""training.png: the loss, per-TTT-step accuracy and out-of-vocabulary share of a run, from its metrics.jsonl."""
+"""training.png: the loss, per-TTT-step accuracy and out-of-vocabulary share of a run, from its metrics.jsonl.
+
+Drawn at every mid-run validation and checkpoint and at the end, so a long run can be watched. A Ctrl-C or
+SIGTERM that arrives while matplotlib draws is held until the drawing is done, then delivered: raised inside
+matplotlib, it could land in a finalizer, where Python prints and drops it, and the run would go on.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
 from pathlib import Path
+
+from specdraft.fileio import tmp_path
 
 
 def _per_step(ax, recs: list[dict], key: str) -> None:
@@ -18,12 +29,44 @@ def _per_step(ax, recs: list[dict], key: str) -> None:
                     alpha=0.5 if split == "train" else 1.0)  # fmt: skip
 
 
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM received inside the block are delivered again, to this process, when it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = {
+        s: signal.signal(s, lambda signum, frame: held.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(held):  # each kind once, in the order they came
+            os.kill(os.getpid(), s)
+
+
 def plot_metrics(metrics_path: Path, png: Path) -> Path | None:
-    """training.png: loss; top-1 accuracy against the target's full-vocabulary argmax per TTT step; the
-    share of loss positions whose target argmax is outside the draft vocabulary (dropped with --oov-mask)."""
+    """training.png (written whole: a temporary renamed over it), with signals held while it draws."""
     recs = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
     if not recs:
         return None
+    with signals_held():
+        tmp = tmp_path(png)
+        try:
+            _draw(recs, tmp)
+            os.replace(tmp, png)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return png
+
+
+def _draw(recs: list[dict], png: Path) -> None:
+    """Loss; top-1 accuracy against the target's full-vocabulary argmax per TTT step; the share of loss
+    positions whose target argmax is outside the draft vocabulary (dropped with --oov-mask)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,6 +88,5 @@ def plot_metrics(metrics_path: Path, png: Path) -> Path | None:
     ax_acc.legend(fontsize=7)
     ax_oov.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-    return png
