@@ -265,3 +265,14 @@ def test_two_processes_match_one(shards, tmp_path):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4, msg=k)
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step_2", "step_3"]
+
+
+def test_the_resume_hint_of_a_stopped_dflash_run_says_resume(tmp_path):
+    """After Ctrl-C, a DFlash run with a checkpoint is told to --resume (not to start over, which is refused)."""
+    from specdraft.train.loop import resume_hint
+
+    argv = ["train", "hs", str(tmp_path), "--draft", "dflash"]
+    assert "no checkpoint was written yet" in resume_hint(argv, str(tmp_path))
+    (tmp_path / "checkpoints" / "step_4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"")
+    assert resume_hint(argv, str(tmp_path)).endswith("--draft dflash --resume`")

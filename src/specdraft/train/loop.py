@@ -546,8 +546,11 @@ def resume_hint(argv: list[str], out: str) -> str:
     with --resume, or without it when no checkpoint was written yet."""
     import shlex
 
+    from specdraft.train.block.setup import checkpoints as block_checkpoints
+
     args = [a for a in argv if a not in ("--resume", "--no-resume")]
-    if latest_checkpoint(Path(out)) is None:
+    dflash = [c for c in block_checkpoints(Path(out)) if (c / "optimizer.pt").is_file()]  # --draft dflash's
+    if latest_checkpoint(Path(out)) is None and not dflash:
         return f"no checkpoint was written yet: rerun `specdraft {shlex.join(args)}` to start over"
     return f"resume with `specdraft {shlex.join([*args, '--resume'])}`"
 
