@@ -465,3 +465,29 @@ def test_eagle3_support_of_the_embedded_default_with_installed_vllm():
     ok, msg = eagle3_support("smollm2-135m")
     assert ok is True, msg
     assert "LlamaForCausalLM" in msg
+
+
+def test_against_labels_the_installed_engines_findings_and_prints_each_runtime_line_once(
+    monkeypatch, request
+):
+    """`doctor --against R` besides an installed engine: every finding names the release it was read in (the
+    installed one's say "installed fakeengine 2.0"), and the run-time-only list is printed once, not per release."""
+    pytest.importorskip("pydantic")
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(request.getfixturevalue("tmp_path") / "cache"))
+    monkeypatch.syspath_prepend(str(PAIR / "v2"))  # installed: v2, with its breaks
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    request.addfinalizer(
+        lambda: [
+            sys.modules.pop(m) for m in list(sys.modules) if m == "fakeengine" or m.startswith("fakeengine.")
+        ]
+    )
+    report = run_doctor(against=str(PAIR / "v1"), contracts=[FAKE], device="cpu", quiet=True, cache=False)
+    assert report.breaks and all(p.release == "installed fakeengine 2.0" for p in report.breaks)
+    assert all(p.release for p in report.problems)
+    text = report.format_text()
+    lines = text.splitlines()
+    runtime = [ln for ln in lines if ln.startswith("  - ")]
+    assert runtime and len(runtime) == len(set(runtime))
+    assert "[installed fakeengine 2.0]" in text

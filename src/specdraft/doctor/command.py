@@ -116,7 +116,7 @@ class Report:
             "n_breaks": len(self.breaks),
             "problems": [asdict(p) for p in self.problems],
             "info": self.info,
-            "runtime_checked": self.runtime_checked,
+            "runtime_checked": list(dict.fromkeys(self.runtime_checked)),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -148,11 +148,11 @@ class Report:
                 lines.append(f"    we pass:   {p.passed}")
             if p.fix:
                 lines.append(f"    fix:       {p.fix}")
-        if self.runtime_checked:
+        if self.runtime_checked:  # each once: the installed engine and --against's release name the same ones
             lines.append(
                 "checked at run time only (return shapes and call conventions are out of static reach):"
             )
-            lines.extend(f"  - {r}" for r in self.runtime_checked)
+            lines.extend(f"  - {r}" for r in dict.fromkeys(self.runtime_checked))
         if hidden:
             lines.append(
                 f"{len(hidden)} new refusal(s) on paths none of our values is known to take (behind a test on "
@@ -222,9 +222,10 @@ def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequ
             p.release = against
         report.problems.extend(probs)
         # the refusals on our values that the release adds to the installed one's (doctor/refusals/)
-        report.problems.extend(
-            refusal_problems(c, rel.root, installed_root(c.engine), export, release=against)
-        )
+        refusals = refusal_problems(c, rel.root, installed_root(c.engine), export, release=against)
+        for p in refusals:  # its summary line too
+            p.release = p.release or against
+        report.problems.extend(refusals)
         report.runtime_checked.extend(rt + convention_lines(c))
 
 
@@ -749,13 +750,17 @@ def run_doctor(
                 probs = [
                     p for p in probs if not (p.check == "format" and "`specdraft export` writes" in p.message)
                 ]
-            report.problems.extend(probs)
             report.runtime_checked.extend(rt)
             root = installed_root(c.engine)
             if export and c.formats and root is not None and (root / c.engine).is_dir():
                 tree = SourceTree(root)
                 registry = c.model.registry if c.model is not None else ""
-                report.problems.extend(check_export_dir(c.formats, tree, export, registry=registry))
+                probs += check_export_dir(c.formats, tree, export, registry=registry)
+            if against:  # beside a release's findings, each of these says it is the installed engine's
+                label = f"installed {c.engine} {_dist_version(c.engine, c.engine + '-cpu') or ''}".rstrip()
+                for p in probs:
+                    p.release = p.release or label
+            report.problems.extend(probs)
     report.elapsed_s = time.perf_counter() - t0
     if not quiet:
         print(_json.dumps(report.to_dict(), indent=1) if json else report.format_text(verbose))
