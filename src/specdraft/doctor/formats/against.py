@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from specdraft.doctor.check import Problem
-from specdraft.doctor.formats.check import check_export_dir, check_formats, detect_format
+from specdraft.doctor.formats.check import (
+    check_export_dir,
+    check_formats,
+    detect_format,
+    unchecked_layout,
+)
 from specdraft.doctor.release.wheel import Downloader, canon, locate, requirement_problems
 from specdraft.doctor.source.reader import SourceTree
-from specdraft.engine.formats import FORMAT_ENGINES, FormatEngine
+from specdraft.engine.formats import FORMAT_ENGINES, UNCHECKED_LAYOUTS, FormatEngine
 
 __all__ = ["check_format_engine", "format_engine_for"]
 
@@ -50,6 +55,8 @@ def _export_problems(fe: FormatEngine, tree: SourceTree, export: str) -> list[Pr
             )
         ]
     read = [f.name for f in fe.formats]
+    if name in UNCHECKED_LAYOUTS and name not in read:
+        return [unchecked_layout(name, export, fe.engine)]
     if name not in read:
         return [Problem("format", f"{name} export", f"{export} is a {name} export; {fe.engine} reads only {read}",
                         fix=f"export with --format {read[0]} for {fe.engine}")]  # fmt: skip

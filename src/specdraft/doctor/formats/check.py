@@ -33,6 +33,7 @@ from typing import Any
 
 from specdraft.doctor.check import Problem, model_registry
 from specdraft.doctor.formats.model import (
+    cpu_kernel_notes,
     entry_classes,
     layer_id_problems,
     safetensors_names,
@@ -47,9 +48,9 @@ from specdraft.doctor.formats.reads import (
     registered_keys,
 )
 from specdraft.doctor.source.reader import SourceTree
-from specdraft.engine.formats import ConfigReader, ExportFormat
+from specdraft.engine.formats import UNCHECKED_LAYOUTS, ConfigReader, ExportFormat
 
-__all__ = ["check_export_dir", "check_formats", "detect_format"]
+__all__ = ["check_export_dir", "check_formats", "detect_format", "unchecked_layout"]
 
 _MISSING = object()
 
@@ -156,23 +157,22 @@ def check_formats(
         target_layers: the target's decoder layers when known (an engine default's value is then given in ids).
     """
     problems: list[Problem] = []
-    for fmt in formats:
-        if configs is not None and fmt.name not in configs:
-            continue
-        config = configs[fmt.name] if configs is not None else fmt.sample
+    for fmt, config in _todo(formats, configs):
         names = fmt.weights if weights is None else weights
-        problems.extend(
-            _check_one(
-                fmt,
-                tree,
-                config,
-                registry,
-                where or f"the {fmt.name} config `specdraft export` writes",
-                names,
-                target_layers,
-            )
-        )
+        sample = configs is None
+        at = where or f"the {fmt.name} config `specdraft export` writes"
+        problems += _check_one(fmt, tree, config, registry, at, names, target_layers, sample)
     return problems
+
+
+def _todo(
+    formats: Sequence[ExportFormat], configs: Mapping[str, Mapping[str, Any]] | None
+) -> list[tuple[ExportFormat, Mapping[str, Any]]]:
+    """(format, config) pairs to check: each given config as the format (or variant) it is, or every declared
+    sample, variants' included (what export writes for every draft kind)."""
+    if configs is not None:
+        return [(f.for_config(configs[f.name]), configs[f.name]) for f in formats if f.name in configs]
+    return [(f, f.sample) for fmt in formats for f in (fmt, *fmt.variants.values())]
 
 
 def _check_one(
@@ -183,7 +183,9 @@ def _check_one(
     where: str,
     weights: Sequence[str] = (),
     target_layers: int | None = None,
+    sample: bool = False,
 ) -> list[Problem]:
+    """``sample``: ``config`` is the declared sample (an optional format's missing readers are then warnings)."""
     subject = f"{fmt.name} export"
     problems = [
         Problem(
@@ -199,6 +201,10 @@ def _check_one(
     writes: set[str] = set()
     for r in fmt.readers:
         nodes, module, why = _reader_nodes(tree, r, config)
+        if not nodes and sample and fmt.optional and not r.optional:
+            return [Problem("format", subject, f"this version has no reader of {fmt.name} exports ({r.symbol}: "
+                            f"{why}): {where} does not load in it", "warning", symbol=r.symbol,
+                            fix=f"pin a version that reads {fmt.name} exports when you serve one")]  # fmt: skip
         if not nodes:
             problems.append(Problem("format", subject, f"reader {r.symbol} not found: {why}",
                                     "warning" if r.optional else "break", symbol=r.symbol,
@@ -211,7 +217,7 @@ def _check_one(
                 writes |= config_writes(n, r.writes)
         for kr in config_reads(nodes, r.roots, _tables(tree, module), attrs=r.model):
             reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
-    problems += _refusals(subject, where, config, reads, fmt.model_scope)
+    problems += _refusals(subject, where, config, reads, fmt.model_scope, fmt.writer)
     defaulted = _engine_defaults(fmt, tree, subject, where, config, target_layers)
     problems += defaulted
     problems += _misreads(fmt, subject, where, config, reads, _model_keys(fmt, config, writes), defaulted)
@@ -220,6 +226,8 @@ def _check_one(
     problems += weight_problems(fmt, tree, weights, subject, where)
     if fmt.layer_ids is not None:
         problems += layer_id_problems(fmt.layer_ids, tree, config, subject)
+    if fmt.cpu_kernels is not None and not sample:
+        problems += cpu_kernel_notes(fmt.cpu_kernels, tree, subject)
     if not any(p.severity == "break" for p in problems):
         n = len({full for _, _, full, _ in reads})
         problems.append(Problem("format", subject, f"{where}: {len(fmt.readers)} reader(s) of this version read "
@@ -228,7 +236,12 @@ def _check_one(
 
 
 def _refusals(
-    subject: str, where: str, config: Mapping[str, Any], reads: list, model_scope: str = ""
+    subject: str,
+    where: str,
+    config: Mapping[str, Any],
+    reads: list,
+    model_scope: str = "",
+    writer: str = "export.export_config",
 ) -> list[Problem]:
     """Required keys the config lacks (non-model readers) and values the engine does not accept."""
     out = []
@@ -241,7 +254,7 @@ def _refusals(
         if kr.kind == "required" and value is _MISSING:
             out.append(Problem("format", subject, f"{where} lacks `{_shown(full)}`, which this version "
                                "requires: loading the export fails", symbol=r.symbol, location=loc,
-                               fix=f"write `{_shown(full)}` in export.export_config"))  # fmt: skip
+                               fix=f"write `{_shown(full)}` in {writer}"))  # fmt: skip
         elif kr.allowed is not None and value is not _MISSING and str(value) not in kr.allowed:
             out.append(Problem("format", subject, f"`{_shown(full)}` is {value!r}; this version accepts "
                                f"only {list(kr.allowed)}: loading the export fails", symbol=r.symbol,
@@ -352,8 +365,8 @@ def _misreads(
                                f"export's value ({value!r}) is ignored and the draft is built differently from "
                                "how it was trained", location=(model or [(None, None, "")])[0][2],
                                fix="find the field's new name or place in this version and write it there "
-                               "(export.export_config), or pin a version that reads it"))  # fmt: skip
-        elif value is _MISSING:
+                               f"({fmt.writer}), or pin a version that reads it"))  # fmt: skip
+        elif value is _MISSING and not any(kr.kind == "required" for _, kr, _ in direct):  # else refused
             dflt = next((kr.default for _, kr, _ in direct + model if kr.default is not None), None)
             out.append(Problem("format", subject, f"{where} lacks `{_shown(path)}`: this version "
                                f"defaults it to {dflt}", fix="export again with this specdraft"))  # fmt: skip
@@ -388,8 +401,20 @@ def _architecture(
 
 
 def detect_format(config: Mapping[str, Any]) -> str:
-    """The format of an export's config: ``speculators`` (it has ``speculators_config``) or ``eagle3``."""
-    return "speculators" if "speculators_config" in config else "eagle3"
+    """The format of an export's config: ``speculators`` (it has ``speculators_config``; the format declares
+    the variant of each algorithm), ``dflash-sglang`` (a DFlash draft in SGLang's layout) or ``eagle3``."""
+    if "speculators_config" in config:
+        return "speculators"
+    archs = config.get("architectures")
+    return "dflash-sglang" if isinstance(archs, list) and archs[:1] == ["DFlashDraftModel"] else "eagle3"
+
+
+def unchecked_layout(name: str, where: str, engine: str) -> Problem:
+    """A warning for an export in one of the ``UNCHECKED_LAYOUTS``: nothing of it is checked against
+    ``engine``."""
+    return Problem("format", f"{name} export", f"{where} is {UNCHECKED_LAYOUTS[name]}: doctor does not check "
+                   f"it against {engine}'s readers", "warning", fix="export --format speculators to check (and serve) "
+                   "the draft with vLLM; for SGLang, serve it as written")  # fmt: skip
 
 
 def _verifier_layers(config: Mapping[str, Any]) -> int | None:
@@ -424,6 +449,8 @@ def check_export_dir(
     name = detect_format(config)
     files = sorted(d.glob("*.safetensors"))
     names = safetensors_names(files) if files else None
+    if name in UNCHECKED_LAYOUTS and all(f.name != name for f in formats):
+        return [unchecked_layout(name, str(d), formats[0].engine if formats else "the engine")]
     problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d), weights=names,
                              target_layers=_verifier_layers(config))  # fmt: skip
     if not files:

@@ -8,6 +8,8 @@
   the loader without a word: the draft runs with that module randomly initialised (break).
 * :func:`layer_id_problems`: the function receiving our aux layer ids must not shift them
   (``[val + 1 for val in layer_ids]`` reads id k as the state entering layer k+1; ours enter layer k).
+* :func:`cpu_kernel_notes`: on a CPU build of the engine, whether the Triton kernels an algorithm's drafting
+  launches have the build's C++ stand-ins (without one, the export cannot draft there).
 * :func:`safetensors_names`: the tensor names of an export's ``*.safetensors`` (header only, no torch).
 
 Only the first component of a weight name is checked (``midlayer`` of ``midlayer.self_attn.q_proj``):
@@ -25,9 +27,9 @@ from typing import Any
 
 from specdraft.doctor.check import Problem
 from specdraft.doctor.source.reader import Found, SourceTree, attribute_class
-from specdraft.engine.formats import ExportFormat, LayerIds
+from specdraft.engine.formats import CpuKernels, ExportFormat, LayerIds
 
-__all__ = ["entry_classes", "layer_id_problems", "safetensors_names", "weight_problems"]
+__all__ = ["cpu_kernel_notes", "entry_classes", "layer_id_problems", "safetensors_names", "weight_problems"]
 
 
 def entry_classes(tree: SourceTree, package: str) -> dict[str, str]:
@@ -165,6 +167,33 @@ def layer_id_problems(
                     symbol=spec.symbol, location=f"{found.path}:{line or getattr(found.node, 'lineno', 1)}",
                     fix=f"write `{spec.field}` = {[k - shift for k in trained]} for this engine (export.export_config: "
                     f"[k{-shift:+d} for k in ids])")]  # fmt: skip
+
+
+def cpu_kernel_notes(spec: CpuKernels, tree: SourceTree, subject: str) -> list[Problem]:
+    """Info, on a CPU build (its ``*.dist-info`` under ``tree``), on whether ``spec``'s kernels can run there:
+    each ``@triton.jit`` kernel found must be named in the build's stand-in registry ``spec.overrides``."""
+    dist = spec.dist.replace("-", "_")
+    if not any(tree.root.glob(f"{dist}-*.dist-info")):
+        return []  # not a CPU build: its Triton kernels run as they are
+    path = tree.module_path(spec.overrides)
+    text = path.read_text(errors="replace") if path is not None else ""
+    found = [
+        (k, f) for k in spec.kernels for f in [tree.resolve(k)[0]] if f is not None and f.kind == "function"
+    ]
+    missing = [(k, f) for k, f in found if k.replace(":", ".") not in text]
+    if not found:
+        return []  # the kernels moved: nothing known
+    if missing:
+        names = ", ".join(k.split(":")[-1] for k, _ in missing)
+        return [Problem("format", subject, f"{spec.dist} cannot run {spec.what}: its input kernel(s) {names} "
+                        f"are Triton-only in this build ({spec.overrides} registers no C++ stand-in for them)",
+                        "info",
+                        location=missing[0][1].location,
+                        fix="serve the export with a CUDA build of the engine")]  # fmt: skip
+    names = ", ".join(k.split(":")[-1] for k, _ in found)
+    return [Problem("format", subject, f"{spec.dist} has C++ stand-ins ({spec.overrides}) for the Triton "
+                    f"input kernel(s) {names} of {spec.what}: not Triton-only in this build", "info",
+                    location=str(path))]  # fmt: skip
 
 
 def _lookup(config: Mapping[str, Any], dotted: str) -> Any:

@@ -11,6 +11,9 @@ inside a ``try`` whose handler catches the failure, is optional, and a ``if valu
 (or ``if value != CONST: raise``) on a read value records the values the engine accepts (``TABLE`` a
 literal, a local or module-level dict, or a table filled by a registering decorator such as vLLM's
 ``@register_speculator("eagle3")``).
+A key the function itself stores before it reads it (``d["k"] = {...}`` then ``d["k"]["x"]``) is its own
+value, not a read of the config: from the store on (to the end of the ``if``/loop/``try`` block holding the
+store; after an ``if`` whose every branch stores it, to the end of the function) its reads are not recorded.
 :func:`config_writes` lists the keys a function writes into a dict (``out["k"] = ...``).
 
 Nothing is imported; :mod:`specdraft.engine.formats` declares which functions read our exports.
@@ -69,6 +72,7 @@ class _Reader:
         self.reads: list[KeyRead] = []
         self.attrs = attrs  # plain attribute reads of the config object are key reads
         self.caught = 0  # depth of ``try`` bodies whose handler catches a missing key
+        self.written: frozenset = frozenset()  # paths the function has stored by now (its own values)
 
     # -- paths -------------------------------------------------------------------------------
     def path_of(self, node: ast.AST, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
@@ -129,6 +133,8 @@ class _Reader:
         return None
 
     def _add(self, r: KeyRead) -> None:
+        if any(r.path[: len(w)] == w for w in self.written):
+            return  # the function reads back what it stored: not a key of the config
         if self.caught and r.kind == "required":
             r = replace(r, kind="default", default=r.default or "None (the failure is caught)")
         self.reads.append(r)
@@ -164,15 +170,40 @@ class _Reader:
             self.env.setdefault(name, path)
             self.values.setdefault(name, path)
 
+    def _block(self, body: Sequence[ast.AST], guarded: frozenset) -> frozenset:
+        """Visit the statements of one block; the paths stored in it (kept to its end only) are returned."""
+        before = self.written
+        for child in body:
+            self.visit(child, guarded)
+        stored, self.written = self.written, before
+        return stored
+
+    def _store(self, node: ast.Assign | ast.AnnAssign, guarded: frozenset) -> None:
+        """``d["k"] = v`` / ``config.k = v``: the value is read first, then ``k`` holds the function's own
+        value."""
+        if node.value is not None:
+            self.visit(node.value, guarded)
+        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if isinstance(t, (ast.Subscript, ast.Attribute)):
+                path = self.path_of(t, True, guarded)
+                if path is not None and path and ITEM not in path:
+                    self.written |= {path}
+                    continue
+            self.visit(t, guarded)
+
     def visit(self, node: ast.AST, guarded: frozenset) -> None:
         """Record every read under ``node``; an ``if`` guards the keys its test reads, a ``try`` those of its body."""
-        if isinstance(node, ast.Try) and any(_catches_missing(h) for h in node.handlers):
-            self.caught += 1
-            for child in node.body:
-                self.visit(child, guarded)
-            self.caught -= 1
-            for child in [*node.handlers, *node.orelse, *node.finalbody]:
-                self.visit(child, guarded)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            self._store(node, guarded)
+            return
+        if isinstance(node, ast.Try):
+            catches = any(_catches_missing(h) for h in node.handlers)
+            self.caught += catches
+            self._block(node.body, guarded)
+            self.caught -= catches
+            for part in (*node.handlers, node.orelse):
+                self._block(part if isinstance(part, list) else [part], guarded)
+            self.written |= self._block(node.finalbody, guarded)  # a finally block always runs
             return
         if isinstance(node, (ast.If, ast.IfExp, ast.While)):
             tested = self._tested(node.test)
@@ -180,10 +211,14 @@ class _Reader:
             if isinstance(node, ast.If):
                 self._constraint(node)
             inner = guarded | tested
-            for child in node.body if isinstance(node.body, list) else [node.body]:
-                self.visit(child, inner)
-            for child in node.orelse if isinstance(node.orelse, list) else [node.orelse]:
-                self.visit(child, inner)
+            body = self._block(node.body if isinstance(node.body, list) else [node.body], inner)
+            other = self._block(node.orelse if isinstance(node.orelse, list) else [node.orelse], inner)
+            if isinstance(node, ast.If):
+                self.written |= body & other  # stored on every branch: stored after the ``if``
+            return
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            self.visit(node.iter, guarded)
+            self._block([*node.body, *node.orelse], guarded)
             return
         if isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
             key = _const_str(node.left)
