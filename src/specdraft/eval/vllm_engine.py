@@ -1,4 +1,4 @@
-"""A target served by vLLM in this process, alone or with an EAGLE-3 draft, and its spec-decode counters.
+"""A target served by vLLM in this process, alone or with an EAGLE-3 or DFlash draft, and its spec-decode counters.
 
 :class:`VLLMEngine` builds vLLM's in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) in fp32
 eager mode, decodes greedily, and reads what vLLM counted (``disable_log_stats=False``): the
@@ -104,6 +104,7 @@ class VLLMEngine:
         kv_cache_memory_bytes: KV cache size; 1 GiB when no GPU is present.
         trust_remote_code: allow the target's custom code.
         engine_kwargs: more ``vllm.LLM`` options, passed unchecked.
+        method: vLLM's speculative method: ``eagle3``, or ``dflash`` for a DFlash export (k = its block size - 1).
     """
 
     def __init__(
@@ -120,6 +121,7 @@ class VLLMEngine:
         kv_cache_memory_bytes: int | None = None,
         trust_remote_code: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
+        method: str = "eagle3",
     ):
         if capture_drafter and not draft_dir:
             raise ValueError(
@@ -142,7 +144,15 @@ class VLLMEngine:
         )
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        if draft_dir:
+        if method not in ("eagle3", "dflash"):
+            raise ValueError(f"method must be eagle3 or dflash, not {method!r}")
+        if draft_dir and method == "dflash":  # block-parallel: one draft forward proposes k = block size - 1
+            kw["speculative_config"] = {
+                "method": "dflash",
+                "model": str(draft_dir),
+                "num_speculative_tokens": k,
+            }
+        elif draft_dir:
             kw["speculative_config"] = {
                 "method": "eagle3",
                 "model": str(draft_dir),
