@@ -322,6 +322,7 @@ def scopes(
         if configs is not None and fmt.name not in configs:
             continue
         config = configs[fmt.name] if configs is not None else fmt.sample
-        for r in fmt.readers:
-            out += _reader_scopes(tree, fmt, r, config, exact=configs is not None)
+        read_as = fmt.for_config(config)  # a DFlash export is read by its own algorithm's readers
+        for r in read_as.readers:
+            out += _reader_scopes(tree, read_as, r, config, exact=configs is not None)
     return out
