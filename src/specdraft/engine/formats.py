@@ -311,6 +311,8 @@ DFLASH_SPECULATORS_SAMPLE: dict[str, Any] = {
     "draft_vocab_size": 40,
     "target_hidden_size": 32,
     "block_size": 6,
+    "sample_from_anchor": False,
+    "sliding_window_non_causal": True,
     "transformer_layer_config": {
         "model_type": "qwen3",
         "hidden_size": 32,
@@ -360,6 +362,8 @@ DFLASH_SPECULATORS = ExportFormat(
         "target_hidden_size",
         "aux_hidden_state_layer_ids",
         "mask_token_id",
+        "sample_from_anchor",
+        "sliding_window_non_causal",
     ),
     absent=("model_type",),
     architecture="architectures",

@@ -140,6 +140,9 @@ def served_files(
         "aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "mask_token_id": cfg.mask_token_id,
         "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
         "block_size": cfg.block_size, "transformer_layer_config": layers,
+        # how the draft was trained, written rather than left to vLLM's defaults: the anchor is the bonus token
+        # (only mask slots predict) and the block attends to itself non-causally
+        "sample_from_anchor": False, "sliding_window_non_causal": True,
         "speculators_config": {
             "algorithm": "dflash", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size - 1}],
