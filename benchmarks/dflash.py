@@ -1,22 +1,37 @@
 """DFlash against EAGLE-3 on the same data and target, in the reference decoder: tau, acceptance per position,
 the cost of a round.
 
-    python benchmarks/dflash.py [--samples 48] [--max-length 256] [--epochs 1] [--block-size 8]
-                                [--draft-layers 1] [--prompts 4] [--max-new-tokens 48] [--out DIR]
+    python benchmarks/dflash.py [--samples 48] [--max-length 256] [--epochs 1] [--max-tokens 2048]
+                                [--lr 1e-3] [--schedule cosine] [--anchors 64] [--block-size 8]
+                                [--draft-layers 1] [--sweep 4x1,8x1,4x2,8x2] [--dflash-epochs N]
+                                [--dflash-layers 1,8,15,22,28] [--prompts 4] [--max-new-tokens 48]
+                                [--threads N] [--out DIR]
 
-One prepared ShareGPT set for the embedded default target (smollm2-135m, 30 layers), extracted twice: with
-EAGLE-3's default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 spread over the
-depth). Both drafts train one run each with the same optimizer settings (lr 1e-3, 2048 tokens a step,
-cosine, draft vocabulary 4096, seed 0); EAGLE-3 with 3 TTT steps. Both decode the same MT-bench first turns
-greedily with target-only decoding as the baseline; the EAGLE-3 chain drafts k = block_size - 1 tokens a
-round, as many as the DFlash block. Per draft: tau, P(accepted >= j) per draft position j, the draft's and
-the target's seconds per round, tokens/s against the baseline, and whether every output equals the
-baseline's. An `--out` kept from an earlier run reuses its data and drafts.
+One prepared ShareGPT set for the embedded default target (smollm2-135m, 30 layers), extracted with EAGLE-3's
+default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 spread over the depth;
+`--dflash-layers 2,15,27` reads EAGLE-3's and the one extraction serves both). Both drafts train with the same
+optimizer settings (`--lr`, `--max-tokens` a step, `--schedule`, `--epochs`, draft vocabulary 4096, seed 0;
+the library's settings, `--recipe off`); EAGLE-3 with 3 TTT steps, DFlash with `--anchors` blocks a sequence a
+step. `--dflash-epochs N` trains DFlash for N epochs instead (its rows and directories say eN), the other
+optimizer settings kept. `--sweep BxL,...` trains one DFlash draft per block size B and draft layer count L
+(instead of `--block-size`/`--draft-layers`). All decode the same MT-bench first turns greedily, target-only
+decoding once per prompt as the baseline; a DFlash draft of block B drafts B - 1 tokens a round, and EAGLE-3's
+chain is run at each such k, as many as the block. Per draft: its validation accuracy per step/slot, training
+time, tau, P(accepted >= j) per draft position j, the draft's and the target's milliseconds per round,
+tokens/s against the baseline, and whether every output equals the baseline's; the machine's load (`uptime`)
+is printed with the table, since times are not comparable across loads. An `--out` kept from an earlier run
+reuses its data and drafts (a draft's directory names its block, layers and anchors; the data and optimizer
+settings are the `--out`'s: use another `--out` for others). `--threads 1` keeps torch from spinning on cores
+other processes hold (on a loaded 2-core machine 2 threads ran the target ~4x slower than 1). Nothing here
+asserts on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -36,69 +51,111 @@ from specdraft.train.loop import train
 TARGET = "smollm2-135m"
 
 
+def _load() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _val(train_dir: Path) -> str:
+    """Validation accuracy per TTT step (EAGLE-3) or block slot (DFlash, with its block tau) of a run's final."""
+    cfg = json.loads((train_dir / "final" / "config.json").read_text())
+    val = (cfg.get("train") or {}).get("val") or {}
+    acc = " ".join("-" if a is None else f"{a:.2f}" for a in val.get("acc", []))
+    return f"{acc} (tau {val['tau']:.2f})" if "tau" in val else acc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=2048, help="tokens a step, both drafts")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--schedule", default="cosine")
+    ap.add_argument("--anchors", type=int, default=64, help="DFlash blocks sampled per sequence per step")
+    ap.add_argument("--dflash-epochs", type=int, default=0, help="DFlash's epochs, when not --epochs (0)")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument(
+        "--sweep", default="", help="DFlash drafts BxL,... (block x layers), e.g. 4x1,8x1,4x2,8x2"
+    )
     ap.add_argument("--dflash-layers", default="1,8,15,22,28")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="runs/bench-dflash")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    variants = (
+        [tuple(int(x) for x in v.split("x")) for v in args.sweep.split(",") if v]
+        if args.sweep
+        else [(args.block_size, args.draft_layers)]
+    )
     out = Path(args.out)
     t0 = time.time()
+    print(f"start: {_load()}", flush=True)
     ds = out / "ds"
     if not (ds / "manifest.json").exists():
         prepare("sharegpt", str(ds), target=TARGET, max_length=args.max_length, max_samples=args.samples)
-    layers = {"eagle3": None, "dflash": [int(x) for x in args.dflash_layers.split(",")]}
-    shards = {}
-    for name, ids in layers.items():
+    shards = {"eagle3": out / "shards-eagle3"}
+    dflash_ids = [int(x) for x in args.dflash_layers.split(",")]
+    for name, ids in (("eagle3", None), ("dflash", dflash_ids)):
+        if name == "dflash":  # EAGLE-3's own aux layers: the same shards serve both (one extraction)
+            man = json.loads(next(shards["eagle3"].glob("manifest-*.json")).read_text())
+            if list(man["layer_ids"])[:-1] == ids:
+                shards["dflash"] = shards["eagle3"]
+                continue
         shards[name] = out / f"shards-{name}"
         if not list(shards[name].glob("manifest-*.json")):
+            t = time.time()
             extract(str(ds), str(shards[name]), target=TARGET, layers=ids, samples_per_shard=16,
                     max_tokens_per_batch=2048, skip_doctor=True)  # fmt: skip
-    common = dict(draft_vocab_size=4096, lr=1e-3, max_tokens=2048, schedule="cosine", epochs=args.epochs,
-                  max_length=args.max_length, val_fraction=0.05, checkpoint_every=10**6, recipe="off",
-                  progress=False, tensorboard=False, seed=0)  # fmt: skip
-    runs = {
-        "eagle3": TrainConfig(**common, ttt_steps=3),
-        "dflash": TrainConfig(
-            **common, draft="dflash", block_size=args.block_size, draft_layers=args.draft_layers, anchors=64
-        ),  # fmt: skip
-    }
+            print(f"extract {name}: {time.time() - t:.0f}s ({_load()})", flush=True)
+    common = dict(draft_vocab_size=4096, lr=args.lr, max_tokens=args.max_tokens, schedule=args.schedule,
+                  epochs=args.epochs, max_length=args.max_length, val_fraction=0.05, checkpoint_every=10**6,
+                  recipe="off", progress=False, tensorboard=False, seed=0)  # fmt: skip
+    runs = {"eagle3": (out / "train-eagle3", shards["eagle3"], TrainConfig(**common, ttt_steps=3))}
+    ep = args.dflash_epochs or args.epochs
+    tag = f" e{ep}" if ep != args.epochs else ""  # DFlash trained for other epochs than EAGLE-3
+    for b, n in variants:
+        cfg = TrainConfig(**{**common, "epochs": ep}, draft="dflash", block_size=b, draft_layers=n,
+                          anchors=args.anchors)  # fmt: skip
+        d = out / f"train-dflash-b{b}-l{n}-a{args.anchors}{tag.replace(' ', '-')}"
+        runs[f"dflash b{b} l{n}{tag}"] = (d, shards["dflash"], cfg)
     train_s = {}
-    for name, cfg in runs.items():
-        d = out / f"train-{name}"
+    for name, (d, sh, cfg) in runs.items():
+        meta = d / "bench-train.json"
         if not (d / "final" / "config.json").exists():
             t = time.time()
-            train(str(shards[name]), str(d), cfg)
-            train_s[name] = time.time() - t
-    print(f"data and training: {time.time() - t0:.0f}s {train_s}", flush=True)
+            train(str(sh), str(d), cfg)
+            meta.write_text(json.dumps({"seconds": time.time() - t, "load": _load()}))
+            print(f"train {name}: {time.time() - t:.0f}s ({_load()})", flush=True)
+        train_s[name] = json.loads(meta.read_text())["seconds"] if meta.exists() else float("nan")
+    print(f"data and training: {time.time() - t0:.0f}s", flush=True)
 
     tgt = load_target(TARGET)
     stops = stop_ids(tgt.tokenizer, getattr(tgt.model, "generation_config", None))
     prompts = [render_prompt(tgt.tokenizer, [p.turns[0]], []) for p in load_prompts("mtbench", args.prompts)]
-    k = args.block_size - 1
-    specs = {
-        "eagle3": Speculator(tgt, load_eval_draft(str(out / "train-eagle3"), tgt)),
-        "dflash": BlockSpeculator(tgt, load_dflash(out / "train-dflash" / "final")),
-    }
-    cfg = SpecConfig(k=k, max_new_tokens=args.max_new_tokens, stop_ids=stops)
-    for sp in specs.values():  # warm-up
+    eagle = Speculator(tgt, load_eval_draft(str(runs["eagle3"][0]), tgt))
+    # (row name, speculator, k, training run)
+    rows = [(f"eagle3 k={k}", eagle, k, "eagle3") for k in sorted({b - 1 for b, _ in variants})]
+    for b, n in variants:
+        name = f"dflash b{b} l{n}{tag}"
+        rows.append((name, BlockSpeculator(tgt, load_dflash(runs[name][0] / "final")), b - 1, name))
+    for _, sp, k, _ in rows:  # warm-up
         sp.generate(prompts[0], SpecConfig(k=k, max_new_tokens=4))
-    stats = {
-        n: {"tok": 0, "sec": 0.0, "acc": [], "draft": 0.0, "verify": 0.0, "ok": True}
-        for n in ["target", *specs]
-    }
+    stats = {r[0]: {"tok": 0, "sec": 0.0, "acc": [], "draft": 0.0, "verify": 0.0, "ok": True} for r in rows}
+    base_tok, base_sec = 0, 0.0
+    load_before = _load()
     for ids in prompts:
-        base = specs["eagle3"].baseline(ids, cfg)
-        stats["target"]["tok"] += len(base.tokens)
-        stats["target"]["sec"] += base.seconds
-        for name, sp in specs.items():
-            r = sp.generate(ids, cfg)
+        base = eagle.baseline(ids, SpecConfig(k=1, max_new_tokens=args.max_new_tokens, stop_ids=stops))
+        base_tok += len(base.tokens)
+        base_sec += base.seconds
+        for name, sp, k, _ in rows:
+            r = sp.generate(ids, SpecConfig(k=k, max_new_tokens=args.max_new_tokens, stop_ids=stops))
             s = stats[name]
             s["tok"] += len(r.tokens)
             s["sec"] += r.seconds
@@ -106,25 +163,28 @@ def main() -> None:
             s["draft"] += r.draft_seconds
             s["verify"] += r.verify_seconds
             s["ok"] &= r.tokens == base.tokens
-    for sp in specs.values():
+    for sp in {id(r[1]): r[1] for r in rows}.values():
         sp.close()
-    base_tps = stats["target"]["tok"] / stats["target"]["sec"]
-    print(f"\n{TARGET}, {args.samples} ShareGPT conversations <= {args.max_length} tokens, {args.epochs} epoch(s); "
-          f"{len(prompts)} MT-bench first turns, {args.max_new_tokens} new tokens, greedy, {k} draft tokens a round, "
-          f"{torch.get_num_threads()} threads\n")  # fmt: skip
-    pos = " ".join(f"j={j}" for j in range(1, k + 1))
-    print(
-        f"| draft | tau | P(accepted >= j), {pos} | draft ms/round | verify ms/round | tok/s vs target | lossless |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in specs:
+    base_tps = base_tok / base_sec
+    kmax = max(r[2] for r in rows)
+    print(f"\n{TARGET}, {args.samples} ShareGPT conversations <= {args.max_length} tokens, {args.epochs} epoch(s), "
+          f"lr {args.lr:g}, {args.max_tokens} tokens a step, {args.schedule}; DFlash {ep} epoch(s), {args.anchors} anchors a "
+          f"sequence, layers {args.dflash_layers}; {len(prompts)} MT-bench first turns, {args.max_new_tokens} new "
+          f"tokens, greedy; target alone {1e3 * base_sec / max(base_tok, 1):.1f} ms/token; "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(f"load before decoding: {load_before}\nload after decoding:  {_load()}\n")
+    print(f"| draft | val acc per step/slot | train s | tau | P(accepted >= j), j = 1..{kmax} | draft ms/round | "
+          "verify ms/round | tok/s vs target | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, _, k, run in rows:
         s = stats[name]
         n = max(len(s["acc"]), 1)
         tau = sum(s["acc"]) / n + 1
         per = " ".join(f"{sum(a >= j for a in s['acc']) / n:.2f}" for j in range(1, k + 1))
         tps = s["tok"] / s["sec"]
-        print(f"| {name} | {tau:.2f} | {per} | {1e3 * s['draft'] / n:.1f} | {1e3 * s['verify'] / n:.1f} | "
-              f"{tps / base_tps:.2f}x | {'yes' if s['ok'] else 'NO'} |")  # fmt: skip
+        print(f"| {name} | {_val(runs[run][0])} | {train_s[run]:.0f} | {tau:.2f} | {per} | "
+              f"{1e3 * s['draft'] / n:.1f} | {1e3 * s['verify'] / n:.1f} | {tps / base_tps:.2f}x | "
+              f"{'yes' if s['ok'] else 'NO'} |")  # fmt: skip
     print(f"\ntotal {time.time() - t0:.0f}s")
 
 
