@@ -56,20 +56,23 @@ def _vllm_summary_lines(report: dict) -> list[str]:
                          f"identical rounds in {ref['prompts_with_identical_rounds']}/{ref['prompts_compared']} "
                          "prompts")  # fmt: skip
         if d.get("batch1"):
-            lines += _batch1_lines(d["batch1"], b["batch1"], report["settings"]["k"])
+            lines += _batch1_lines(
+                d["batch1"], b["batch1"], d.get("k", report["settings"]["k"]), d.get("method")
+            )
     return lines
 
 
-def _batch1_lines(d1: dict, b1: dict, k: int) -> list[str]:
+def _batch1_lines(d1: dict, b1: dict, k: int, method: str | None = None) -> list[str]:
     """Batch-1 speed with the draft vs alone, and plainly why the draft is slower when it is."""
+    drafting = "1 draft forward for the block" if method == "dflash" else f"{k} draft steps"
     lines = [f"  batch 1 ({d1['prompts']} prompts one at a time): {d1['tokens_per_s']:.1f} tok/s with the draft vs "
              f"{b1['tokens_per_s']:.1f} alone (x{d1['speedup'] or 0:.2f}), tau {d1['tau']:.3f}; a round "
-             f"({k} draft steps + a {k + 1}-token verify) costs {d1['round_cost_in_target_steps']:.2f} target steps"]  # fmt: skip
+             f"({drafting} + a {k + 1}-token verify) costs {d1['round_cost_in_target_steps']:.2f} target steps"]  # fmt: skip
     if (d1["speedup"] or 0) < 1:
         lines.append(f"  the draft is SLOWER at batch 1: each round gains {d1['tau']:.2f} tokens but costs "
                      f"{d1['round_cost_in_target_steps']:.2f} target steps; it pays above tau "
-                     f"{d1['break_even_tau']:.2f} (a better draft) or with a cheaper round (smaller k or draft "
-                     "vocabulary)")  # fmt: skip
+                     f"{d1['break_even_tau']:.2f} (a better draft) or with a cheaper round ("
+                     f"{'a smaller --block-size' if method == 'dflash' else 'smaller k or draft vocabulary'})")  # fmt: skip
     return lines
 
 

@@ -217,7 +217,8 @@ def _batch1_costs(b1: dict[str, Any], base_b1: dict[str, Any], k: int) -> dict[s
     """tau, speed-up and the cost of one round at batch 1, from the draft's and the baseline's batch-1 runs."""
     st = counter_stats(b1.pop("counters"), k)
     step = base_b1["seconds"] / max(base_b1["new_tokens"], 1)  # one target-only decoding step (s)
-    per_round = b1["seconds"] / max(st["rounds"], 1)  # one round: k draft steps + a (k+1)-token verify (s)
+    per_round = b1["seconds"] / max(st["rounds"], 1)  # a round: the drafting (EAGLE-3: k steps, DFlash: one
+    # forward) and a (k+1)-token verify (s)
     cost = per_round / step if step else None
     return {**b1, "tau": st["tau"], "rounds": st["rounds"],
             "speedup": round(b1["tokens_per_s"] / base_b1["tokens_per_s"], 4) if base_b1["tokens_per_s"] else None,
