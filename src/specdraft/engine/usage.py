@@ -63,7 +63,7 @@ class OptionKeys:
         used_by: the modules that build the option.
         config_class: the engine's class whose fields the top-level keys are (doctor checks them).
         value_modules: engine modules where each dispatch value must appear (doctor checks it).
-        optional: dispatch values of an optional mode (``extract_hidden_states``, vLLM >= 0.17): a version
+        optional: dispatch values of an optional mode (``extract_hidden_states``, vLLM >= 0.17; ``dflash``): a version
             without them gets a warning, not a break.
         passed: ``(key, value)`` for other keys whose values we know (each value we pass in some mode, or by
             default): doctor judges a release's new refusals on them (``num_speculative_tokens`` 1 in
@@ -150,7 +150,7 @@ VLLM_OPTION_KEYS: tuple[OptionKeys, ...] = (
         used_by=f"{_CAPTURE}, specdraft.eval.vllm_engine",
         config_class="vllm.config.speculative:SpeculativeConfig",
         value_modules=("vllm.config.speculative",),
-        optional=("extract_hidden_states",),
+        optional=("extract_hidden_states", "dflash"),  # dflash: eval's DFlash drafts only
     ),
     OptionKeys(
         "kv_transfer_config",
