@@ -396,15 +396,24 @@ def test_training_png_is_drawn_during_training(tmp_path, data, monkeypatch):
     _, shards = data
     seen = {}
 
+    out = {"dir": tmp_path / "run"}
+
     def look(step):
-        png = tmp_path / "run" / "training.png"
+        png = out["dir"] / "training.png"
         seen[step] = png.stat().st_mtime_ns if png.exists() else None
 
     monkeypatch.setattr(loop, "_after_step", look)
+    monkeypatch.setattr(loop, "PLOT_EVERY_S", 0.0)  # every chance (a real run: at most once a minute)
     train(str(shards), str(tmp_path / "run"), cfg(epochs=2, checkpoint_every=2, val_every=3))
     assert seen[1] is None and seen[2] is not None  # drawn with the checkpoint of step 2
     assert seen[3] is not None and seen[3] >= seen[2]  # and redrawn with step 3's validation
     assert not list((tmp_path / "run").glob(".*.tmp"))  # written whole
+    # at the default pace a short run draws it once, at the end
+    seen.clear()
+    out["dir"] = tmp_path / "run2"
+    monkeypatch.setattr(loop, "PLOT_EVERY_S", 3600.0)
+    train(str(shards), str(tmp_path / "run2"), cfg(epochs=1, checkpoint_every=1))
+    assert set(seen.values()) == {None} and (tmp_path / "run2" / "training.png").is_file()
 
 
 def test_a_signal_while_training_png_draws_is_delivered_after_it(tmp_path, monkeypatch):

@@ -66,6 +66,10 @@ class NonFiniteError(ValueError):
     """Training met a non-finite loss or gradient; the message names the step, batch and last good checkpoint."""
 
 
+#: training.png is redrawn with a mid-run validation or checkpoint at most this often (a draw costs ~0.5 s)
+PLOT_EVERY_S = 60.0
+
+
 def _after_step(step: int) -> None:
     """Called after every optimizer step (a seam for tests that simulate a killed run)."""
 
@@ -614,6 +618,7 @@ def _train(run: _Run, ckpt: Path | None) -> Path:
     threaded = cfg.prefetch and (not cfg.online or cfg.backend == "vllm")
     ahead = Ahead(lambda sids: _load(run, sids), _upcoming(run, cur), cfg.prefetch_depth if threaded else 0)
     meter = _Meter()
+    last_plot = time.time()  # training.png: first drawn PLOT_EVERY_S into the loop, then at most that often
     whole, batch_n = None, torch.zeros(2, dtype=torch.long)
     run.model.train()
     try:
@@ -664,8 +669,9 @@ def _train(run: _Run, ckpt: Path | None) -> Path:
             checkpoint = cur.step % cfg.checkpoint_every == 0 and cur.step < run.total
             if checkpoint:
                 last_ckpt = _checkpoint(run, cur.step)
-            if (validate or checkpoint) and run.rank == 0:
+            if (validate or checkpoint) and run.rank == 0 and time.time() - last_plot >= PLOT_EVERY_S:
                 plot_metrics(log.path, run.out_dir / "training.png")
+                last_plot = time.time()
             _after_step(cur.step)
     finally:
         bar.close()
