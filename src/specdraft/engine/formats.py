@@ -339,6 +339,15 @@ DFLASH_SPECULATORS_SAMPLE: dict[str, Any] = {
     },
 }
 
+#: the fields every speculators export relies on, whatever its algorithm (read by the speculators readers)
+_SPEC_RELIES = (
+    "speculators_model_type",
+    "speculators_config.verifier.name_or_path",
+    _K,
+    "draft_vocab_size",
+    "target_hidden_size",
+)
+
 #: the speculators config of a DFlash draft: update_dflash maps it (aux_hidden_state_layer_ids to the runner's
 #: eagle_aux_hidden_state_layer_ids and dflash_config.target_layer_ids, mask_token_id to dflash_config) and
 #: vLLM's DFlash model (qwen3_dflash.py, architecture DFlashDraftModel) is built from it; EAGLE-3's drafter
@@ -355,11 +364,7 @@ DFLASH_SPECULATORS = ExportFormat(
         _DRAFTER[1],
     ),
     relies_on=(
-        "speculators_model_type",
-        "speculators_config.verifier.name_or_path",
-        _K,
-        "draft_vocab_size",
-        "target_hidden_size",
+        *_SPEC_RELIES,
         "aux_hidden_state_layer_ids",
         "mask_token_id",
         "sample_from_anchor",
@@ -389,11 +394,7 @@ VLLM_FORMATS: tuple[ExportFormat, ...] = (
         # `vllm serve EXPORT`: the speculators readers, then EAGLE-3's drafter
         readers=(*_SPEC_BASE, *_DRAFTER),
         relies_on=(
-            "speculators_model_type",
-            "speculators_config.verifier.name_or_path",
-            _K,
-            "draft_vocab_size",
-            "target_hidden_size",
+            *_SPEC_RELIES,
             "norm_before_residual",
             "eagle_aux_hidden_state_layer_ids",
         ),
