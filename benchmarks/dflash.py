@@ -5,7 +5,8 @@ the cost of a round.
                                 [--lr 1e-3] [--schedule cosine] [--anchors 64] [--block-size 8]
                                 [--draft-layers 1] [--sweep 4x1,8x1,4x2,8x2] [--dflash-epochs N]
                                 [--dflash-layers 1,8,15,22,28] [--prompts 4] [--max-new-tokens 48]
-                                [--threads N] [--out DIR]
+                                [--threads N] [--train-samples N] [--draft-vocab-size 4096]
+                                [--eagle-recipe] [--out DIR]
 
 One prepared ShareGPT set for the embedded default target (smollm2-135m, 30 layers), extracted with EAGLE-3's
 default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 spread over the depth;
@@ -13,7 +14,10 @@ default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 s
 optimizer settings (`--lr`, `--max-tokens` a step, `--schedule`, `--epochs`, draft vocabulary 4096, seed 0;
 the library's settings, `--recipe off`); EAGLE-3 with 3 TTT steps, DFlash with `--anchors` blocks a sequence a
 step. `--dflash-epochs N` trains DFlash for N epochs instead (its rows and directories say eN), the other
-optimizer settings kept. `--sweep BxL,...` trains one DFlash draft per block size B and draft layer count L
+optimizer settings kept. `--train-samples N` trains on the first N prepared samples only (a point of the data
+curve from one extraction: prepare and extract the largest point once, `--samples`); `--eagle-recipe` trains
+EAGLE-3 with the small-run recipe on top (the settings the quickstart and `train` use at this size), DFlash with
+`--lr`/`--max-tokens`/`--schedule` (pass the recipe's 1e-3, 512, constant for the same optimizer). `--sweep BxL,...` trains one DFlash draft per block size B and draft layer count L
 (instead of `--block-size`/`--draft-layers`). All decode the same MT-bench first turns greedily, target-only
 decoding once per prompt as the baseline; a DFlash draft of block B drafts B - 1 tokens a round, and EAGLE-3's
 chain is run at each such k, as many as the block. Per draft: its validation accuracy per step/slot, training
@@ -45,7 +49,7 @@ from specdraft.eval.prompts import load_prompts, render_prompt
 from specdraft.eval.reference import load_eval_draft
 from specdraft.model.dflash_files import load_dflash
 from specdraft.targets import load_target, stop_ids
-from specdraft.train.config import TrainConfig
+from specdraft.train.config import SMALL_RUN, TrainConfig
 from specdraft.train.loop import train
 
 TARGET = "smollm2-135m"
@@ -85,6 +89,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--train-samples", type=int, default=0, help="train on the first N samples (0: all)")
+    ap.add_argument("--draft-vocab-size", type=int, default=4096)
+    ap.add_argument("--eagle-recipe", action="store_true",
+                    help="EAGLE-3 with the small-run recipe on top (the quickstart's settings), DFlash without")
     ap.add_argument("--out", default="runs/bench-dflash")
     args = ap.parse_args()
     if args.threads:
@@ -114,16 +122,21 @@ def main() -> None:
             extract(str(ds), str(shards[name]), target=TARGET, layers=ids, samples_per_shard=16,
                     max_tokens_per_batch=2048, skip_doctor=True)  # fmt: skip
             print(f"extract {name}: {time.time() - t:.0f}s ({_load()})", flush=True)
-    common = dict(draft_vocab_size=4096, lr=args.lr, max_tokens=args.max_tokens, schedule=args.schedule,
+    # a point of the data curve, another vocabulary or recipe: their own directories (same --out, same extraction)
+    sfx = (f"-n{args.train_samples}" if args.train_samples else "") + (
+        f"-v{args.draft_vocab_size}" if args.draft_vocab_size != 4096 else "")  # fmt: skip
+    common = dict(draft_vocab_size=args.draft_vocab_size, max_samples=args.train_samples, lr=args.lr, max_tokens=args.max_tokens, schedule=args.schedule,
                   epochs=args.epochs, max_length=args.max_length, val_fraction=0.05, checkpoint_every=10**6,
                   recipe="off", progress=False, tensorboard=False, seed=0)  # fmt: skip
-    runs = {"eagle3": (out / "train-eagle3", shards["eagle3"], TrainConfig(**common, ttt_steps=3))}
+    recipe = SMALL_RUN if args.eagle_recipe else {}
+    eagle_cfg = TrainConfig(**{**common, **recipe}, ttt_steps=3)
+    runs = {"eagle3": (out / f"train-eagle3{sfx}{'-recipe' if recipe else ''}", shards["eagle3"], eagle_cfg)}
     ep = args.dflash_epochs or args.epochs
     tag = f" e{ep}" if ep != args.epochs else ""  # DFlash trained for other epochs than EAGLE-3
     for b, n in variants:
         cfg = TrainConfig(**{**common, "epochs": ep}, draft="dflash", block_size=b, draft_layers=n,
                           anchors=args.anchors)  # fmt: skip
-        d = out / f"train-dflash-b{b}-l{n}-a{args.anchors}{tag.replace(' ', '-')}"
+        d = out / f"train-dflash-b{b}-l{n}-a{args.anchors}{tag.replace(' ', '-')}{sfx}"
         runs[f"dflash b{b} l{n}{tag}"] = (d, shards["dflash"], cfg)
     train_s = {}
     for name, (d, sh, cfg) in runs.items():
@@ -167,11 +180,14 @@ def main() -> None:
         sp.close()
     base_tps = base_tok / base_sec
     kmax = max(r[2] for r in rows)
-    print(f"\n{TARGET}, {args.samples} ShareGPT conversations <= {args.max_length} tokens, {args.epochs} epoch(s), "
-          f"lr {args.lr:g}, {args.max_tokens} tokens a step, {args.schedule}; DFlash {ep} epoch(s), {args.anchors} anchors a "
-          f"sequence, layers {args.dflash_layers}; {len(prompts)} MT-bench first turns, {args.max_new_tokens} new "
-          f"tokens, greedy; target alone {1e3 * base_sec / max(base_tok, 1):.1f} ms/token; "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    used = f"the first {args.train_samples} of " if args.train_samples else ""
+    opt = f"lr {args.lr:g}, {args.max_tokens} tokens a step, {args.schedule}, vocabulary {args.draft_vocab_size}"
+    eag = f"EAGLE-3: {args.epochs} epoch(s), the small-run recipe (the quickstart's settings)" if recipe else (
+        f"EAGLE-3: {args.epochs} epoch(s), {opt}")  # fmt: skip
+    print(f"\n{TARGET}, {used}{args.samples} ShareGPT conversations <= {args.max_length} tokens; {eag}; DFlash: "
+          f"{ep} epoch(s), {opt}, {args.anchors} anchors a sequence, layers {args.dflash_layers}; {len(prompts)} "
+          f"MT-bench first turns, {args.max_new_tokens} new tokens, greedy; target alone "
+          f"{1e3 * base_sec / max(base_tok, 1):.1f} ms/token; {torch.get_num_threads()} threads")  # fmt: skip
     print(f"load before decoding: {load_before}\nload after decoding:  {_load()}\n")
     print(f"| draft | val acc per step/slot | train s | tau | P(accepted >= j), j = 1..{kmax} | draft ms/round | "
           "verify ms/round | tok/s vs target | lossless |")  # fmt: skip
