@@ -91,8 +91,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--train-samples", type=int, default=0, help="train on the first N samples (0: all)")
     ap.add_argument("--draft-vocab-size", type=int, default=4096)
-    ap.add_argument("--eagle-recipe", action="store_true",
-                    help="EAGLE-3 with the small-run recipe on top (the quickstart's settings), DFlash without")
+    ap.add_argument(
+        "--eagle-recipe",
+        action="store_true",
+        help="EAGLE-3 with the small-run recipe on top (the quickstart's settings), DFlash without",
+    )
     ap.add_argument("--out", default="runs/bench-dflash")
     args = ap.parse_args()
     if args.threads:
