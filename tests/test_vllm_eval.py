@@ -439,9 +439,9 @@ def test_eval_vllm_runs_the_reference_decoder_only_when_asked(tmp_path, monkeypa
     args = dict(target="t", prompts="mtbench", turns=1, max_prompts=1, max_new_tokens=4, k=3, dtype="float32",
                 out=str(tmp_path / "eval"), seed=0, trust_remote_code=False, engine_kwargs={}, batch1_prompts=0)  # fmt: skip
     assert _evaluate_with_vllm([str(train_dir)], **args) == 0
-    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-0")], None)  # no reference decoder
+    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-train")], None)  # no reference decoder
     assert _evaluate_with_vllm([str(train_dir)], **args, reference=True) == 0
-    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-0")], [str(train_dir)])
+    assert calls[-1] == ("vllm", [str(tmp_path / "eval" / "export-train")], [str(train_dir)])
     export_dir = tmp_path / "export"
     export_dir.mkdir()
     (export_dir / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
@@ -449,6 +449,16 @@ def test_eval_vllm_runs_the_reference_decoder_only_when_asked(tmp_path, monkeypa
         _evaluate_with_vllm([str(export_dir)], **args, reference=True)
     with pytest.raises(ValueError, match="--reference are vLLM options"):
         evaluate(["untrained"], reference=True)
+
+
+def test_eval_vllm_names_each_export_after_its_run(tmp_path):
+    from specdraft.eval.command import _export_name
+
+    runs = tmp_path / "runs"
+    assert _export_name(str(runs / "train-dflash-b4"), 0, set()) == "export-train-dflash-b4"
+    assert _export_name(str(runs / "train-eagle3" / "final"), 1, set()) == "export-train-eagle3"
+    assert _export_name(str(runs / "t" / "checkpoints" / "step_40"), 2, set()) == "export-t-step_40"
+    assert _export_name(str(runs / "x" / "t" / "final"), 3, {"export-t"}) == "export-t-3"  # two runs named t
 
 
 def test_eval_vllm_draws_the_acceptance_plot(tmp_path, monkeypatch, tiny_llama_dir):

@@ -216,7 +216,7 @@ def _evaluate_with_vllm(
             raise ValueError(
                 "--engine vllm evaluates trained drafts (a train output or an export), not `untrained`"
             )
-        exp = Path(out) / f"export-{i}"
+        exp = Path(out) / _export_name(spec, i, {Path(e).name for e in exports})
         export(
             spec,
             str(exp),
@@ -240,6 +240,17 @@ def _evaluate_with_vllm(
         print(line)
     print(f"report: {Path(out) / 'report_vllm.json'}; plots: {', '.join(report.get('plots', []))}")
     return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0
+
+
+def _export_name(spec: str, i: int, taken: set[str]) -> str:
+    """export-<the run the draft comes from> (a train OUT or its final/: the OUT's name; a checkpoint: the OUT's
+    name and the step), with -<i> where another draft of this eval took that name."""
+    p = Path(spec).resolve()
+    stem = p.parent.name if p.name == "final" else p.name
+    if p.parent.name == "checkpoints":
+        stem = f"{p.parent.parent.name}-{p.name}"
+    name = f"export-{stem}"
+    return f"{name}-{i}" if name in taken else name
 
 
 def _engine_kwargs(tensor_parallel_size: int, engine_args: str) -> dict:
