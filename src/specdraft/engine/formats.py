@@ -32,7 +32,10 @@ the installed or ``--against`` source and reports every key the version requires
 every value it refuses, and every relied-on field it ignores or defaults differently.
 :data:`SGLANG_FORMATS` declares SGLang's readers of the ``eagle3`` export (``--speculative-algorithm
 EAGLE3``): SGLang has no contract of its own (specdraft never calls it), so ``doctor --against sglang==X``
-checks these formats only (:data:`FORMAT_ENGINES`).
+checks these formats only (:data:`FORMAT_ENGINES`); :data:`DFLASH_SGLANG`, its variant for a config naming
+``DFlashDraftModel``, declares SGLang's readers of the SGLang layout of a DFlash draft (``export --format
+sglang``), which read it through helpers of their own package that the static reader follows
+(``ConfigReader.follow``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "FORMAT_ENGINES",
     "SGLANG_FORMATS",
     "UNCHECKED_LAYOUTS",
+    "DFLASH_SGLANG",
     "DFLASH_SPECULATORS",
     "VLLM_FORMATS",
     "ConfigReader",
@@ -70,6 +74,8 @@ class ConfigReader:
         writes: a dict the reader fills for the model config (its keys join what the model reads).
         model: the reader sees the model config built from ``scope`` plus what ``writes`` readers put in.
         optional: a missing reader is a warning (code only some versions have).
+        follow: how many calls deep to follow the config into functions of the engine's package (helpers
+            such as SGLang's ``_cfg_get(config, "block_size", None)``; 0: none).
     """
 
     symbol: str
@@ -79,6 +85,7 @@ class ConfigReader:
     writes: str = ""
     model: bool = False
     optional: bool = False
+    follow: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,13 +97,16 @@ class LayerIds:
         param: its parameter holding them.
         field: the dotted config field they come from.
         trained: the field holding the ids in our convention (id k = the state entering layer k), the
-            layers the draft was trained on ('' or absent: ``field`` itself).
+            layers the draft was trained on ('' or absent: ``field`` itself, less ``written``).
+        written: how ``field`` writes trained id k when no ``trained`` field holds it: as k + written (SGLang's
+            DFlash layout writes k - 1, the layer whose output enters layer k: -1).
     """
 
     symbol: str
     param: str
     field: str
     trained: str = "eagle_aux_hidden_state_layer_ids"
+    written: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,9 +176,15 @@ class ExportFormat:
     optional: bool = False
 
     def for_config(self, config: Mapping[str, Any]) -> ExportFormat:
-        """The format ``config`` is read as: the variant its ``variant_by`` field names, else this one."""
+        """The format ``config`` is read as: the variant its ``variant_by`` field names (a list field: its
+        first element, as ``architectures``), else this one."""
         value = config.get(self.variant_by) if self.variant_by else None
+        value = value[0] if isinstance(value, list) and value else value
         return self.variants.get(value, self) if isinstance(value, str) else self
+
+    def named(self, name: str) -> ExportFormat | None:
+        """This format or its variant called ``name`` (None: neither)."""
+        return next((f for f in (self, *self.variants.values()) if f.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -457,6 +473,64 @@ EAGLE3_WEIGHTS: tuple[str, ...] = (
 
 _SGL = "sglang.srt"
 _SGL_RUNNER = f"{_SGL}.model_executor"
+
+#: what ``specdraft export --format sglang`` writes for the DFlash draft of DFLASH_SPECULATORS_SAMPLE (full
+#: vocabulary, the target's mask embedding): its layers' config, the block, and dflash_config with the aux ids in
+#: SGLang's convention (target_layer_ids = id - 1, the layer whose output enters layer id)
+DFLASH_SGLANG_SAMPLE: dict[str, Any] = {
+    **DFLASH_SPECULATORS_SAMPLE["transformer_layer_config"],
+    "architectures": ["DFlashDraftModel"],
+    "block_size": 6,
+    "num_target_layers": 8,
+    "dflash_config": {"target_layer_ids": [0, 2, 4, 6], "mask_token_id": 7},
+}
+
+_DFLASH_LAYER = ("input_layernorm", "post_attention_layernorm", "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
+                 "self_attn.k_norm", "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_norm",
+                 "self_attn.q_proj", "self_attn.v_proj")  # fmt: skip
+#: the weights ``export --format sglang`` writes for that draft (2 layers; no head, no embedding: the target's)
+DFLASH_SGLANG_WEIGHTS: tuple[str, ...] = (
+    "fc.weight",
+    "hidden_norm.weight",
+    *(f"layers.{i}.{m}.weight" for i in range(2) for m in _DFLASH_LAYER),
+    "norm.weight",
+)
+
+#: SGLang's readers of the SGLang layout of a DFlash draft: every one of its readers of the draft's config (the
+#: model, the worker, the target's choice of layers to capture) goes through dflash_utils.parse_dflash_draft_config,
+#: which reads each key through its helpers (_cfg_get, _get_dflash_config, _get_text_config: followed one call
+#: deep); the model class reads the layers' own fields. Without target_layer_ids SGLang picks its own layers,
+#: without mask_token_id the tokenizer's mask token, without block_size 16.
+DFLASH_SGLANG = ExportFormat(
+    name="dflash-sglang",
+    engine="sglang",
+    sample=DFLASH_SGLANG_SAMPLE,
+    readers=(
+        ConfigReader(
+            f"{_SGL}.speculative.dflash_utils:parse_dflash_draft_config", ("draft_hf_config",), follow=1
+        ),
+        ConfigReader(f"{_SGL}.models.dflash", ("config", "self.config"), model=True),
+    ),
+    relies_on=(
+        "num_hidden_layers",
+        "block_size",
+        "dflash_config.target_layer_ids",
+        "dflash_config.mask_token_id",
+    ),
+    architecture="architectures",
+    weights=DFLASH_SGLANG_WEIGHTS,
+    weight_loader=f"{_SGL}.models.dflash:DFlashDraftModel",
+    # the target (Qwen3 here) captures the output of layer k for target_layer_ids' k: the state entering k + 1
+    layer_ids=LayerIds(
+        f"{_SGL}.models.qwen3:Qwen3ForCausalLM.set_dflash_layers_to_capture",
+        "layer_ids",
+        "dflash_config.target_layer_ids",
+        trained="",
+        written=-1,
+    ),
+    writer="model.dflash_files.served_files",
+    optional=True,
+)
 #: SGLang's readers of the eagle3 export: the draft model class (and the Llama layers it builds on), and
 #: the target runner's lookup of the aux layer ids in the draft's config (moved in 0.5.2x)
 SGLANG_FORMATS: tuple[ExportFormat, ...] = (
@@ -494,16 +568,19 @@ SGLANG_FORMATS: tuple[ExportFormat, ...] = (
             "layer_ids",
             "eagle_config.eagle_aux_hidden_state_layer_ids",
         ),
+        # a DFlash draft in SGLang's layout (``export --format sglang``) is read by DFlash's readers
+        variant_by="architectures",
+        variants={"DFlashDraftModel": DFLASH_SGLANG},
     ),
 )
 
-#: export layouts doctor recognises (``formats.check.detect_format``) and declares no reader of: what each is.
-#: Such an export is a warning (not checked), never read as another format's (its fields are not EAGLE-3's).
+#: export layouts doctor recognises (``formats.check.detect_format``) and some engines declare no reader of: what
+#: each is. Against such an engine the export is a warning (not checked), never read as another format's (its
+#: fields are not EAGLE-3's); an engine declaring the layout (SGLang: DFLASH_SGLANG) checks it.
 UNCHECKED_LAYOUTS: Mapping[str, str] = {
     "dflash-sglang": "the SGLang layout of a DFlash draft (`export --format sglang`: a Qwen3 config with "
-    "architectures DFlashDraftModel and dflash_config), whose readers doctor does not declare (SGLang's reach "
-    "it through helpers, dflash_utils.parse_dflash_draft_config, out of static reach; vLLM's are checked on "
-    "the speculators layout)",
+    "architectures DFlashDraftModel and dflash_config), whose vLLM readers doctor does not declare (vLLM's are "
+    "checked on the speculators layout; SGLang's with `doctor --against sglang==X --export`)",
 }
 
 #: engines with export formats and no contract: ``doctor --against sglang==X`` checks their formats only

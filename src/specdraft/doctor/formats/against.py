@@ -54,7 +54,7 @@ def _export_problems(fe: FormatEngine, tree: SourceTree, export: str) -> list[Pr
                 fix="point --export at a `specdraft export` output",
             )
         ]
-    read = [f.name for f in fe.formats]
+    read = [v.name for f in fe.formats for v in (f, *f.variants.values())]
     if name in UNCHECKED_LAYOUTS and name not in read:
         return [unchecked_layout(name, export, fe.engine)]
     if name not in read:

@@ -41,6 +41,7 @@ from specdraft.doctor.formats.model import (
 )
 from specdraft.doctor.formats.reads import (
     ITEM,
+    Follow,
     KeyRead,
     config_reads,
     config_writes,
@@ -130,6 +131,35 @@ def _reader_nodes(
     return [found.node], found.module, ""
 
 
+def _follower(tree: SourceTree) -> Follow:
+    """Finds, for the static reader, the function a module calls by name (see :data:`reads.Follow`)."""
+    seen: dict[tuple[str, str], tuple[ast.FunctionDef, str] | None] = {}
+
+    def follow(module: str, name: str) -> tuple[ast.FunctionDef, str] | None:
+        if (module, name) not in seen:
+            seen[module, name] = _called_function(tree, module, name)
+        return seen[module, name]
+
+    return follow
+
+
+def _called_function(tree: SourceTree, module: str, name: str) -> tuple[ast.FunctionDef, str] | None:
+    """The engine's function ``name`` called in ``module``: defined or imported there (at its top, or by a
+    ``from X import name`` inside one of its functions); None for anything else (builtins, other packages)."""
+    found = tree.lookup(module, name)
+    parsed = tree.parse(module) if found is None else None
+    for s in ast.walk(parsed) if parsed is not None else ():
+        if not isinstance(s, ast.ImportFrom):
+            continue
+        alias = next((a for a in s.names if (a.asname or a.name) == name), None)
+        if alias is not None:
+            found = tree.lookup(tree.absolute(module, s.level, s.module), alias.name)
+            break
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return found.node, found.module
+
+
 def _model_keys(fmt: ExportFormat, config: Mapping[str, Any], writes: set[str]) -> set[str]:
     """Keys of the drafter's model config: the model scope of our config plus what the updaters write."""
     scope = _lookup(config, _split(fmt.model_scope)) if fmt.model_scope else config
@@ -199,11 +229,12 @@ def _check_one(
     ]
     reads: list[tuple[ConfigReader, KeyRead, tuple[str, ...], str]] = []
     writes: set[str] = set()
+    follow = _follower(tree)
     for r in fmt.readers:
         nodes, module, why = _reader_nodes(tree, r, config)
         if not nodes and sample and fmt.optional and not r.optional:
-            return [Problem("format", subject, f"this version has no reader of {fmt.name} exports ({r.symbol}: "
-                            f"{why}): {where} does not load in it", "warning", symbol=r.symbol,
+            return [Problem("format", subject, f"this version has no reader of {fmt.name} exports (no "
+                            f"{r.symbol}): {where} does not load in it", "warning", symbol=r.symbol,
                             fix=f"pin a version that reads {fmt.name} exports when you serve one")]  # fmt: skip
         if not nodes:
             problems.append(Problem("format", subject, f"reader {r.symbol} not found: {why}",
@@ -211,11 +242,12 @@ def _check_one(
                                     fix="find where this version reads the config and update "
                                     "specdraft/engine/formats.py"))  # fmt: skip
             continue
-        path = tree.module_path(module)
         for n in nodes:
             if r.writes:
                 writes |= config_writes(n, r.writes)
-        for kr in config_reads(nodes, r.roots, _tables(tree, module), attrs=r.model):
+        found = config_reads(nodes, r.roots, _tables(tree, module), r.model, follow, module, r.follow)
+        path = tree.module_path(module)
+        for kr in found:
             reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
     problems += _refusals(subject, where, config, reads, fmt.model_scope, fmt.writer)
     defaulted = _engine_defaults(fmt, tree, subject, where, config, target_layers)
@@ -367,9 +399,10 @@ def _misreads(
                                fix="find the field's new name or place in this version and write it there "
                                f"({fmt.writer}), or pin a version that reads it"))  # fmt: skip
         elif value is _MISSING and not any(kr.kind == "required" for _, kr, _ in direct):  # else refused
-            dflt = next((kr.default for _, kr, _ in direct + model if kr.default is not None), None)
+            dflt, at = next(((kr.default, loc) for _, kr, loc in direct + model if kr.default is not None),
+                            (None, ""))  # fmt: skip
             out.append(Problem("format", subject, f"{where} lacks `{_shown(path)}`: this version "
-                               f"defaults it to {dflt}", fix="export again with this specdraft"))  # fmt: skip
+                               f"defaults it to {dflt}", location=at, fix="export again with this specdraft"))  # fmt: skip
     defaults = sorted({f"{_shown(full)}={kr.default}" for r, kr, full, _ in reads
                        if not r.model and kr.kind == "default" and kr.default is not None
                        and _lookup(config, full) is _MISSING and ".".join(full) not in judged})  # fmt: skip
@@ -410,11 +443,12 @@ def detect_format(config: Mapping[str, Any]) -> str:
 
 
 def unchecked_layout(name: str, where: str, engine: str) -> Problem:
-    """A warning for an export in one of the ``UNCHECKED_LAYOUTS``: nothing of it is checked against
-    ``engine``."""
+    """A warning for an export in one of the ``UNCHECKED_LAYOUTS`` that ``engine`` declares no reader of:
+    nothing of it is checked against ``engine``."""
     return Problem("format", f"{name} export", f"{where} is {UNCHECKED_LAYOUTS[name]}: doctor does not check "
                    f"it against {engine}'s readers", "warning", fix="export --format speculators to check (and serve) "
-                   "the draft with vLLM; for SGLang, serve it as written")  # fmt: skip
+                   "the draft with vLLM; for SGLang, check it with doctor --against sglang==X --export "
+                   f"{where}")  # fmt: skip
 
 
 def _verifier_layers(config: Mapping[str, Any]) -> int | None:
@@ -449,9 +483,13 @@ def check_export_dir(
     name = detect_format(config)
     files = sorted(d.glob("*.safetensors"))
     names = safetensors_names(files) if files else None
-    if name in UNCHECKED_LAYOUTS and all(f.name != name for f in formats):
+    holder = next((f for f in formats if f.named(name) is not None), None)
+    if name in UNCHECKED_LAYOUTS and holder is None:
         return [unchecked_layout(name, str(d), formats[0].engine if formats else "the engine")]
-    problems = check_formats(formats, tree, {name: config}, registry=registry, where=str(d), weights=names,
+    # a layout declared as a format's variant (SGLang's DFlash layout, of its eagle3 format) is checked as that
+    # format's config: the format's variant_by field picks the variant
+    key = holder.name if holder is not None else name
+    problems = check_formats(formats, tree, {key: config}, registry=registry, where=str(d), weights=names,
                              target_layers=_verifier_layers(config))  # fmt: skip
     if not files:
         problems.append(Problem("format", f"{name} export", f"{d} has no *.safetensors weights",

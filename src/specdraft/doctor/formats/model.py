@@ -151,7 +151,7 @@ def layer_id_problems(
     if not isinstance(ids, list) or not ids:
         return []  # absent: the engine's default layers apply (the relied-on check reports that)
     trained = _lookup(config, spec.trained) if spec.trained else None
-    trained = trained if isinstance(trained, list) and trained else ids
+    trained = trained if isinstance(trained, list) and trained else [i - spec.written for i in ids]
     found, why = tree.resolve(spec.symbol)
     if found is None or found.kind != "function":
         return [Problem("format", subject, f"{spec.symbol} not found ({why}): where this version turns "

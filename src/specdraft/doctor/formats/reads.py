@@ -11,6 +11,12 @@ inside a ``try`` whose handler catches the failure, is optional, and a ``if valu
 (or ``if value != CONST: raise``) on a read value records the values the engine accepts (``TABLE`` a
 literal, a local or module-level dict, or a table filled by a registering decorator such as vLLM's
 ``@register_speculator("eagle3")``).
+With ``follow``, a call handing the config (or a part of it) to a function of the engine's own package
+(``_cfg_get(config, "block_size", None)``, ``_get_dflash_config(config)``) is read into: that function is
+read with its parameter as the root, a string passed for another parameter as that key, and the call's
+value is the config path the function returns (its first ``return`` of one), up to ``depth`` calls deep; its
+reads are located at the call.
+``d.get("k", d)`` is ``d`` itself (a config without ``k``, as ours are: SGLang's ``text_config`` fallback).
 A key the function itself stores before it reads it (``d["k"] = {...}`` then ``d["k"]["x"]``) is its own
 value, not a read of the config: from the store on (to the end of the ``if``/loop/``try`` block holding the
 store; after an ``if`` whose every branch stores it, to the end of the function) its reads are not recorded.
@@ -22,15 +28,19 @@ Nothing is imported; :mod:`specdraft.engine.formats` declares which functions re
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from specdraft.doctor.source.reader import dotted_name
 
-__all__ = ["KeyRead", "config_reads", "config_writes", "registered_keys", "registered_function"]
+__all__ = ["Follow", "KeyRead", "config_reads", "config_writes", "registered_keys", "registered_function"]
 
 #: a list element in a key path (``d["methods"][0]`` -> ``("methods", "[]")``)
 ITEM = "[]"
+
+#: finds a called function in the engine's source: (module calling it, name called) -> (its definition,
+#: its module), or None when it is not the engine's own (a builtin, another package, a method)
+Follow = Callable[[str, str], "tuple[ast.FunctionDef, str] | None"]
 
 
 @dataclass(frozen=True)
@@ -62,10 +72,25 @@ def _const_str(node: ast.AST | None) -> str | None:
 _SAME_VALUE = frozenset({"Path", "pathlib.Path", "PurePath", "pathlib.PurePath", "str", "os.fspath"})
 
 
+@dataclass(frozen=True)
+class _Calls:
+    """How a reader follows calls: the resolver, the module being read, how many calls deeper it may go."""
+
+    follow: Follow
+    module: str
+    depth: int
+
+
 class _Reader:
     """Walks one function (or module) and collects the key reads of the config roots."""
 
-    def __init__(self, roots: Sequence[str], tables: dict[str, tuple[str, ...]], attrs: bool = False):
+    def __init__(
+        self,
+        roots: Sequence[str],
+        tables: dict[str, tuple[str, ...]],
+        attrs: bool = False,
+        calls: _Calls | None = None,
+    ):
         self.env: dict[str, tuple[str, ...]] = {r: () for r in roots}  # name -> config path
         self.values: dict[str, tuple[str, ...]] = {}  # name -> path of the value it holds
         self.tables = dict(tables)  # name -> keys of a dict literal / registry
@@ -73,6 +98,17 @@ class _Reader:
         self.attrs = attrs  # plain attribute reads of the config object are key reads
         self.caught = 0  # depth of ``try`` bodies whose handler catches a missing key
         self.written: frozenset = frozenset()  # paths the function has stored by now (its own values)
+        self.calls = calls  # following calls into the engine's functions (None: not)
+        self.consts: dict[str, str] = {}  # parameter -> the key string the caller passed for it
+        self.texts: dict[str, str] = {}  # parameter -> the caller's argument text (for defaults)
+
+    def _key(self, node: ast.AST | None) -> str | None:
+        """A key string: a literal, or a parameter the caller passed one for."""
+        key = _const_str(node)
+        return self.consts.get(node.id) if key is None and isinstance(node, ast.Name) else key
+
+    def _text(self, node: ast.AST) -> str:
+        return self.texts.get(node.id, node.id) if isinstance(node, ast.Name) else ast.unparse(node)
 
     # -- paths -------------------------------------------------------------------------------
     def path_of(self, node: ast.AST, record: bool, guarded: frozenset) -> tuple[str, ...] | None:
@@ -84,7 +120,7 @@ class _Reader:
             base = self.path_of(node.value, record, guarded)
             if base is None:
                 return None
-            key = _const_str(node.slice)
+            key = self._key(node.slice)
             if key is None:
                 return (*base, ITEM)
             path = (*base, key)
@@ -108,28 +144,80 @@ class _Reader:
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
             base = self.path_of(f.value, record, guarded)
-            key = _const_str(node.args[0])
+            key = self._key(node.args[0])
             if base is None or key is None:
                 return None
-            dflt = ast.unparse(node.args[1]) if len(node.args) > 1 else "None"
+            dflt = self._text(node.args[1]) if len(node.args) > 1 else "None"
             if record:
                 self._add(KeyRead((*base, key), "default", dflt, node.lineno))
+                for a in node.args[1:]:
+                    self.visit(a, guarded)  # the default is evaluated too
+            if len(node.args) > 1 and self.path_of(node.args[1], False, frozenset()) == base:
+                return base  # d.get("k", d): d itself for a config without k
             return (*base, key)
         if dotted_name(f) in _SAME_VALUE and len(node.args) == 1 and not node.keywords:
             return self.path_of(node.args[0], record, guarded)  # Path(x), str(x): still our value x
         if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr") and len(node.args) >= 2:
             base = self.path_of(node.args[0], record, guarded)
-            key = _const_str(node.args[1])
+            key = self._key(node.args[1])
             if base is None or key is None:
                 return None
             if record:
                 if f.id == "hasattr":
                     self._add(KeyRead((*base, key), "presence", None, node.lineno, via="attr"))
                 else:
-                    dflt = ast.unparse(node.args[2]) if len(node.args) > 2 else None
+                    dflt = self._text(node.args[2]) if len(node.args) > 2 else None
+                    for a in node.args[2:]:
+                        self.visit(a, guarded)
                     kind = "default" if dflt is not None or (*base, key) in guarded else "required"
                     self._add(KeyRead((*base, key), kind, dflt, node.lineno, via="attr"))
             return (*base, key) if f.id == "getattr" else None
+        return self._followed(node, record)
+
+    # -- following calls -------------------------------------------------------------------------
+    def _followed(self, node: ast.Call, record: bool) -> tuple[str, ...] | None:
+        """A call handing the config to a function of the engine: its reads (when ``record``) are ours, its
+        value the config path it returns (None: not such a call, or it returns none)."""
+        calls = self.calls
+        if calls is None or calls.depth <= 0 or not isinstance(node.func, ast.Name):
+            return None
+        args = [*node.args, *(k.value for k in node.keywords)]
+        if not any(self.path_of(a, False, frozenset()) is not None for a in args):
+            return None
+        hit = calls.follow(calls.module, node.func.id)
+        if hit is None:
+            return None
+        fn, module = hit
+        sub = _Reader([], {}, self.attrs, _Calls(calls.follow, module, calls.depth - 1))
+        sub.bind_params(fn, node, self)
+        sub.aliases(fn.body)
+        if record:
+            for s in fn.body:
+                sub.visit(s, frozenset())
+            for r in sub.reads:
+                self._add(replace(r, line=node.lineno))  # located at the call, in the function read
+        return sub.returned(fn)
+
+    def bind_params(self, fn: ast.FunctionDef, call: ast.Call, caller: _Reader) -> None:
+        """The roots of ``fn`` called by ``call`` in ``caller``: each parameter receiving a config path, and the
+        key strings passed for the others."""
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+        pairs = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
+        for name, arg in pairs:
+            path = caller.path_of(arg, False, frozenset())
+            if path is not None:
+                self.env[name] = self.values[name] = path
+            elif caller._key(arg) is not None:
+                self.consts[name] = caller._key(arg)
+            self.texts[name] = caller._text(arg)
+
+    def returned(self, fn: ast.FunctionDef) -> tuple[str, ...] | None:
+        """The config path ``fn`` returns: its first ``return`` (in source order) of one."""
+        rets = [n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+        for r in sorted(rets, key=lambda n: n.lineno):
+            path = self.path_of(r.value, False, frozenset())
+            if path is not None:
+                return path
         return None
 
     def _add(self, r: KeyRead) -> None:
@@ -160,6 +248,10 @@ class _Reader:
             return  # ``config.k = v`` stores into the config: no alias
         if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
             value = value.values[0]  # ``x = d.get("k") or {}``: x is d["k"] (or an empty stand-in)
+        # ``x = d.get("k") if ... else getattr(d, "k")``: the branch holding a path
+        if isinstance(value, ast.IfExp):
+            no_path = self.path_of(value.body, False, frozenset()) is None
+            value = value.orelse if no_path else value.body
         if isinstance(value, ast.Dict):
             keys = tuple(k for k in (_const_str(k) for k in value.keys) if k is not None)
             if keys:
@@ -221,7 +313,7 @@ class _Reader:
             self._block([*node.body, *node.orelse], guarded)
             return
         if isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
-            key = _const_str(node.left)
+            key = self._key(node.left)
             base = self.path_of(node.comparators[0], True, guarded)
             if key is not None and base is not None:
                 self._add(KeyRead((*base, key), "presence", None, node.lineno))
@@ -290,6 +382,9 @@ def config_reads(
     roots: Sequence[str],
     tables: dict[str, tuple[str, ...]] | None = None,
     attrs: bool = False,
+    follow: Follow | None = None,
+    module: str = "",
+    depth: int = 0,
 ) -> list[KeyRead]:
     """Every read of the config held by ``roots`` in ``nodes`` (functions or module bodies), merged by path.
 
@@ -298,11 +393,14 @@ def config_reads(
         roots: names holding the config (``config_dict``, ``self.config``).
         tables: names of module-level key tables (``{"SUPPORTED": ("eagle3", ...)}``) for constraints.
         attrs: the roots are config objects: ``config.k`` reads key ``k`` (method calls excepted).
+        follow: finds the engine's functions a call hands the config to; ``module`` is the one read, ``depth``
+            how many calls deep to follow (0: none).
     """
     out: dict[tuple[str, ...], KeyRead] = {}
     rank = {"required": 0, "default": 1, "presence": 2}
     for node in nodes:
-        r = _Reader(roots, tables or {}, attrs)
+        calls = _Calls(follow, module, depth) if follow is not None and depth > 0 else None
+        r = _Reader(roots, tables or {}, attrs, calls)
         body = node.body if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else [node]
         r.aliases(body)
         for s in body:

@@ -1,0 +1,1 @@
+"""Stand-in package (see tests/engine_pair/sglang_dflash/README.md)."""
