@@ -59,11 +59,47 @@ def test_resume_is_exact(shards, tmp_path):
         assert torch.equal(x, y), k
 
 
+def test_steps_per_batch_splits_each_batch_s_anchors_and_resumes_exactly(shards, tmp_path, monkeypatch):
+    """--steps-per-batch 2: optimizer steps counted as EAGLE-3 counts them (2 a batch), each on one of the two
+    contiguous groups of every sequence's anchors; a run stopped mid-batch resumes exactly."""
+    from specdraft.train.block import run as block_run
+
+    seen = []  # (step, its anchors of the first sample, all that sample's anchors in the batch) per step
+    data = block_run._step_data
+
+    def spy(run, step, held):
+        out = data(run, step, held)
+        seen.append((step, out[2][0].tolist(), held.anchors[0].tolist()))
+        return out
+
+    monkeypatch.setattr(block_run, "_step_data", spy)
+    a = load_dflash(train_dflash(str(shards), tmp_path / "a", cfg(steps_per_batch=2, max_steps=5)))
+    monkeypatch.undo()
+    assert [s for s, _, _ in seen] == [0, 1, 2, 3, 4]
+    for (_, x, whole), (_, y, whole1) in ((seen[0], seen[1]), (seen[2], seen[3])):  # a batch's two steps
+        assert whole == whole1 and x + y == whole and len(x) == len(y) and x and max(x) < min(y)
+    assert seen[2][2] != seen[0][2]  # the next batch, other anchors
+    recs = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"train"' in x]  # noqa: E731
+    two = recs(tmp_path / "a")
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5]
+    train_dflash(str(shards), tmp_path / "one", cfg(max_steps=1))  # one step a batch: the same first batch
+    one = recs(tmp_path / "one")[0]
+    assert two[0]["tokens"] + two[1]["tokens"] == one["tokens"] and two[1]["epoch"] == pytest.approx(
+        one["epoch"]
+    )
+    train_dflash(str(shards), tmp_path / "b", cfg(steps_per_batch=2, max_steps=5), _stop_at=3)  # mid-batch
+    b = load_dflash(
+        train_dflash(str(shards), tmp_path / "b", cfg(steps_per_batch=2, max_steps=5, resume=True))
+    )
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k
+
+
 def test_eagle3_refuses_dflash_data_and_dflash_refuses_unsupported(shards, tmp_path):
     with pytest.raises(ValueError, match="EAGLE-3 needs 3 aux layers"):
         train(str(shards), str(tmp_path / "e"), cfg(draft="eagle3", ttt_steps=2))
-    with pytest.raises(ValueError, match="does not support --fsdp"):
-        train_dflash(str(shards), tmp_path / "f", cfg(fsdp=True))
+    with pytest.raises(ValueError, match="does not support --online True: EAGLE-3 only for now"):
+        train_dflash(str(shards), tmp_path / "f", cfg(online=True))
     assert "--draft must be eagle3 or dflash" in " ".join(cfg(draft="x").problems())
 
 
@@ -215,14 +251,19 @@ def test_init_from_refuses_a_draft_it_cannot_continue_with_the_fix(shards, tmp_p
 
 TORCHRUN = """
 import json, sys
+from specdraft.train.block.run import train_dflash
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
 
-train(sys.argv[1], sys.argv[2], TrainConfig(**json.loads(sys.argv[3])))
+cfg = TrainConfig(**json.loads(sys.argv[3]))
+if len(sys.argv) > 4:  # stopped after that step (an interrupted run)
+    train_dflash(sys.argv[1], sys.argv[2], cfg, _stop_at=int(sys.argv[4]))
+else:
+    train(sys.argv[1], sys.argv[2], cfg)
 """
 
 
-def _torchrun(tmp_path, shards, out, nproc: int, settings: dict) -> str:
+def _torchrun(tmp_path, shards, out, nproc: int, settings: dict, stop_at: int | None = None) -> str:
     """`train` under torchrun on `nproc` CPU processes (gloo); its stdout."""
     import os
     import subprocess
@@ -238,7 +279,7 @@ def _torchrun(tmp_path, shards, out, nproc: int, settings: dict) -> str:
         "OMP_NUM_THREADS": "1",
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
-           str(shards), str(out), json.dumps(settings)]  # fmt: skip
+           str(shards), str(out), json.dumps(settings), *([str(stop_at)] if stop_at else [])]  # fmt: skip
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return r.stdout
@@ -267,6 +308,49 @@ def test_two_processes_match_one(shards, tmp_path):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4, msg=k)
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step_2", "step_3"]
+
+
+def _assert_weights_close(a, b, atol=2e-5) -> float:
+    """The saved drafts a and b hold the same weights (within atol); their largest difference."""
+    wa, wb = load_dflash(a).state_dict(), load_dflash(b).state_dict()
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=1e-4, msg=k)
+    return max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+
+
+def test_fsdp_two_processes_match_one_and_resume_either_way(shards, tmp_path):
+    """torchrun --fsdp on CPU (gloo), 2 ranks: the trainable weights sharded by FSDP2, the same weights as 1
+    process; its checkpoint is one process's format (same files, optimizer state keyed alike) and resumes
+    in 1 process without --fsdp and in 2 with it (the whole run sharded)."""
+    import shutil
+    from dataclasses import asdict
+
+    settings = asdict(cfg(max_steps=3, checkpoint_every=2))
+    fsdp = {**settings, "fsdp": True}
+    one, sharded = tmp_path / "one", tmp_path / "fsdp"
+    train_dflash(str(shards), one, cfg(max_steps=3, checkpoint_every=2), _stop_at=2)
+    said = _torchrun(tmp_path, shards, sharded, 2, fsdp, stop_at=2)
+    assert "2 rank(s), FSDP2" in said
+    ck1, ck2 = one / "checkpoints" / "step_2", sharded / "checkpoints" / "step_2"
+    assert sorted(p.name for p in ck1.iterdir()) == sorted(p.name for p in ck2.iterdir())
+    o1, o2 = (torch.load(c / "optimizer.pt", weights_only=True) for c in (ck1, ck2))
+    assert (
+        o1["param_groups"][0]["params"] == o2["param_groups"][0]["params"]
+        and o1["state"].keys() == o2["state"].keys()
+    )
+    for i in o1["state"]:
+        for m in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(o1["state"][i][m], o2["state"][i][m], atol=1e-6, rtol=1e-4)
+    print("max |w(fsdp, step 2) - w(1 process)|:", _assert_weights_close(ck1, ck2))
+    # resume: the --fsdp checkpoint in 1 process without it, in 2 with it
+    resumed = tmp_path / "fsdp-in-one"
+    shutil.copytree(sharded, resumed)
+    train_dflash(str(shards), resumed, cfg(max_steps=3, checkpoint_every=2, resume=True))
+    _torchrun(tmp_path, shards, sharded, 2, {**fsdp, "resume": True})
+    train_dflash(str(shards), one, cfg(max_steps=3, checkpoint_every=2, resume=True))
+    for d in (resumed, sharded):
+        print(f"max |w({d.name}) - w(1 process)|:", _assert_weights_close(one / "final", d / "final"))
 
 
 def test_the_resume_hint_of_a_stopped_dflash_run_says_resume(tmp_path):

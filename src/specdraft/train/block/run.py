@@ -17,25 +17,36 @@ train_mask_embedding), and the same machinery:
     global batch (rank r: its samples r, r + world, ...), the loss is divided by the global batch's loss
     weight, gradients are summed over ranks, so N processes train the weights one process trains with the
     same --max-tokens; anchors are a function of (seed, step, sample), not of the rank. Rank 0 writes.
+    Every rank holds the draft whole and gradients are all-reduced, or with `--fsdp` its trainable weights
+    and their AdamW moments are sharded by FSDP2 `fully_shard` (`sharded.py`: the frozen embedding and LM
+    head rows stay whole on every rank) and gradients are reduce-scattered: the same sums, the same weights;
+  - `--steps-per-batch N`: N optimizer steps per batch, as EAGLE-3's (there each on the next 1/N of every
+    row's scored tokens): each sequence's anchors, sampled once per batch, are cut in position order into N
+    contiguous groups (`torch.tensor_split`), step j training on the blocks of group j, each block seeing
+    the whole context before its anchor. The step counter, the schedule, --max-steps, the records and the
+    checkpoints count optimizer steps (N per batch: an epoch is batches x N steps); the anchors are drawn
+    at the batch's first step; a record's `tokens` is the step's share of its batch's
+    (`train.batches.part_share`); a run stopped mid-batch resumes exactly.
 
-Refused, not ignored: `--fsdp` (a DFlash draft is a few layers: every rank holds it whole), `--online` and
-`--steps-per-batch` (EAGLE-3 only for now).
+Refused, not ignored: `--online` (EAGLE-3 only for now: extract the data first).
 
 OUT holds metrics.jsonl, checkpoints/step_N (the draft, the optimizer and the step: resume is exact because
-the data order and the anchors are functions of (seed, step)), and final/ (the draft,
+the data order and the anchors are functions of (seed, step); one written under --fsdp holds the full draft
+and optimizer, as one process writes them, and resumes with or without --fsdp), and final/ (the draft,
 `specdraft.model.dflash_files` format).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from specdraft.model.dflash import DFlashDraft
 from specdraft.model.dflash_files import save_dflash
-from specdraft.train.block.objective import BlockStats, batch_loss, evaluate, sample_anchors
+from specdraft.train.batches import part_share
+from specdraft.train.block.objective import BlockStats, sample_anchors
 from specdraft.train.block.setup import (
     BlockData,
     anchor_generator,
@@ -46,14 +57,13 @@ from specdraft.train.block.setup import (
     open_data,
     start_draft,
 )
+from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
 from specdraft.train.metrics import MetricsLog
 
 # settings --draft dflash refuses away from their default, and why
 UNSUPPORTED = {
     "online": (False, "EAGLE-3 only for now: extract the data first"),
-    "fsdp": (False, "a DFlash draft is a few layers, each rank holds it whole: run torchrun without --fsdp"),
-    "steps_per_batch": (1, "EAGLE-3 only for now"),
 }
 CHUNK = 64  # anchors per activation-checkpointed chunk (`objective.block_loss`)
 
@@ -90,10 +100,12 @@ class _BlockRun:
     device: torch.device
     data: BlockData
     draft: DFlashDraft
+    model: BlockModel  # the draft behind one call per step (FSDP2-sharded under --fsdp with several ranks)
+    sharded: bool
     params: list[torch.nn.Parameter]
     opt: torch.optim.Optimizer
     lr_at: object  # step -> learning-rate factor (EAGLE-3's schedule: `train.setup._lr_lambda`)
-    per_epoch: int
+    per_epoch: int  # optimizer steps per epoch: batches x --steps-per-batch
     total: int
     start: int  # the step the run starts at (the checkpoint's on --resume)
     resumed: Path | None  # the checkpoint --resume continues
@@ -118,18 +130,19 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
         raise ValueError(f"train: the target {data.target_name} is not the one the shards were extracted from: "
                          "pass --target with the extraction's model")  # fmt: skip
     draft, start, resumed, init_from = start_draft(cfg, data, tgt, out)
-    draft.to(device)
-    params = [p for p in draft.parameters() if p.requires_grad]
+    sharded = cfg.fsdp and world > 1
+    model = wrap(draft.to(device), sharded)
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if resumed is not None:
-        opt.load_state_dict(torch.load(resumed / "optimizer.pt", weights_only=True))
-    per_epoch = len(epoch_batches(data, cfg.max_tokens, cfg.seed, 0))
+        load_optimizer(model, opt, torch.load(resumed / "optimizer.pt", weights_only=True), sharded)
+    per_epoch = len(epoch_batches(data, cfg.max_tokens, cfg.seed, 0)) * cfg.steps_per_batch
     if per_epoch == 0:
         raise ValueError(f"train: no training batch: {len(data.train_sids)} training samples of length >= 3; "
                          "add data or lower --val-fraction")  # fmt: skip
     total = cfg.max_steps or per_epoch * cfg.epochs
-    return _BlockRun(cfg, out, rank, world, device, data, draft, params, opt, _lr_lambda(cfg, total), per_epoch,
-                     total, start, resumed, init_from)  # fmt: skip
+    return _BlockRun(cfg, out, rank, world, device, data, draft, model, sharded, params, opt,
+                     _lr_lambda(cfg, total), per_epoch, total, start, resumed, init_from)  # fmt: skip
 
 
 def _global(run: _BlockRun, st: BlockStats) -> BlockStats:
@@ -141,14 +154,16 @@ def _load(run: _BlockRun, sids: list[int]) -> list[tuple]:
     return [load_sample(run.data, s, run.cfg.max_length, run.device) for s in sids]
 
 
-def _backward_step(run: _BlockRun, loss: torch.Tensor | None, weight: float) -> None:
-    """Backward of this rank's loss over the global loss weight, gradients summed over ranks, clip, step."""
+def _backward_step(run: _BlockRun, loss: torch.Tensor, weight: float) -> None:
+    """Backward of this rank's loss over the global loss weight, gradients summed over ranks (reduce-scattered
+    by FSDP2 in backward under --fsdp), clip, step."""
     run.opt.zero_grad(set_to_none=True)
     if weight <= 0:  # nothing labelled in the whole global batch: no rank steps
+        if run.sharded:
+            run.model.reshard()  # the forward's gathered weights, freed without a backward
         return
-    if loss is not None:
-        (loss / weight).backward()
-    if run.world > 1:  # one all-reduce of every gradient (zeros for a rank without samples)
+    (loss / weight).backward()
+    if run.world > 1 and not run.sharded:  # one all-reduce of every gradient (zeros for a sample-less rank)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in run.params]
         flat = _all_sum(torch.cat([g.flatten() for g in grads]))
         for p, g in zip(run.params, flat.split([g.numel() for g in grads])):
@@ -157,11 +172,40 @@ def _backward_step(run: _BlockRun, loss: torch.Tensor | None, weight: float) -> 
     run.opt.step()
 
 
+@dataclass
+class _Held:
+    """The batch loaded for its --steps-per-batch steps: its first step, its samples, their anchors."""
+
+    first: int = -1
+    batch: list[tuple] = field(default_factory=list)
+    anchors: list[torch.Tensor] = field(default_factory=list)
+
+
+def _step_data(run: _BlockRun, step: int, held: _Held) -> tuple[list[int], int, list[torch.Tensor]]:
+    """(the global batch of optimizer step `step`, its part j of --steps-per-batch N, this rank's anchors of
+    part j): each sample's anchors are drawn once per batch (a function of seed, the batch's first step and
+    the sample: any rank, any part, a resumed run draws the same) and cut in position order into N groups."""
+    n = run.cfg.steps_per_batch
+    epoch, idx = divmod(step, run.per_epoch)
+    i, part = divmod(idx, n)
+    group = epoch_batches(run.data, run.cfg.max_tokens, run.cfg.seed, epoch)[i]
+    if held.first != step - part:  # the batch's first step, or the first step of a resumed run
+        mine = group[run.rank :: run.world]
+        held.first, held.batch = step - part, _load(run, mine)
+        held.anchors = [sample_anchors(lm, run.cfg.anchors, anchor_generator(run.cfg.seed, step - part, s))
+                        for s, (_, _, lm) in zip(mine, held.batch)]  # fmt: skip
+    return group, part, [a.tensor_split(n)[part] for a in held.anchors]
+
+
 def _validate(run: _BlockRun, log: MetricsLog, step: int) -> dict:
     """Every held-out sample (each rank its share), every valid anchor up to --anchors: recorded, returned."""
     st = BlockStats(run.draft.cfg.block_size)
-    for s in run.data.val_sids[run.rank :: run.world]:
-        st.add(evaluate(run.draft, _load(run, [s]), anchors_per_seq=run.cfg.anchors))
+    mine = run.data.val_sids[run.rank :: run.world]
+    rounds = -(-len(run.data.val_sids) // run.world)  # as many calls on every rank (past its share: none)
+    for i in range(rounds):
+        st.add(run.model(_load(run, mine[i : i + 1]), None, CHUNK, run.cfg.anchors)[1])
+    if run.sharded:
+        run.model.reshard()
     val = _global(run, st).summary()
     log({"split": "val", "step": step, **val})
     return val
@@ -172,9 +216,10 @@ def _checkpoint(run: _BlockRun, step: int) -> Path:
     import shutil
 
     path = run.out / "checkpoints" / f"step_{step}"
+    draft, opt_state = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     if run.rank == 0:
-        save_dflash(run.draft, path, extra={"train": {"step": step}})
-        torch.save(run.opt.state_dict(), path / "optimizer.pt")
+        save_dflash(draft, path, extra={"train": {"step": step}})
+        torch.save(opt_state, path / "optimizer.pt")
         for p in checkpoints(run.out)[: -run.cfg.keep_checkpoints]:
             shutil.rmtree(p, ignore_errors=True)
     barrier(run.world)
@@ -187,7 +232,8 @@ def _print_header(run: _BlockRun) -> None:
     src = f", from {run.init_from}" if run.init_from else ""
     print(f"train: DFlash draft, {len(dc.aux_layer_ids)} target layers {dc.aux_layer_ids}, block {dc.block_size}, "
           f"{dc.num_hidden_layers} layer(s), {n:.2f}M trained params{src}, {len(run.data.train_sids)} train / "
-          f"{len(run.data.val_sids)} val samples, {run.total} steps, {run.world} rank(s)", flush=True)  # fmt: skip
+          f"{len(run.data.val_sids)} val samples, {run.total} steps ({run.cfg.steps_per_batch} a batch), "
+          f"{run.world} rank(s){', FSDP2' if run.sharded else ''}", flush=True)  # fmt: skip
 
 
 def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None) -> Path:
@@ -210,18 +256,15 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
         _validate(run, log, 0)
 
     # --- the loop ---
+    held = _Held()
     for step in range(run.start, run.total):
-        # data: this rank's share of the step's global batch (its samples rank, rank + world, ...)
-        epoch, i = divmod(step, run.per_epoch)
-        group = epoch_batches(run.data, cfg.max_tokens, cfg.seed, epoch)[i]
-        mine = group[run.rank :: run.world]
-        batch = _load(run, mine)
+        # data: this rank's share of the step's global batch (its samples rank, rank + world, ...), loaded
+        # once for its --steps-per-batch steps, and this step's group of each sample's anchors
+        group, part, anchors = _step_data(run, step, held)
 
-        # forward: each sample's anchors (a function of seed, step and sample: any rank draws the same), the
-        # summed block losses; the global batch's stats (their loss weight divides every rank's loss)
-        anchors = [sample_anchors(lm, cfg.anchors, anchor_generator(cfg.seed, step, s))
-                   for s, (_, _, lm) in zip(mine, batch)]  # fmt: skip
-        loss, st = batch_loss(run.draft, batch, anchors, CHUNK)
+        # forward: the summed block losses (one call: FSDP2 gathers once); the global batch's stats (their
+        # loss weight divides every rank's loss)
+        loss, st = run.model(held.batch, anchors, CHUNK)
         st = _global(run, st)
 
         # backward, gradients summed over ranks, clip, step at this step's learning rate
@@ -232,7 +275,8 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
         # log: the global batch's loss, accuracy per block slot, tau
         if (step + 1) % cfg.log_every == 0 or step + 1 == run.total:
             log({"split": "train", "step": step + 1, "epoch": round((step + 1) / run.per_epoch, 4),
-                 "lr": run.opt.param_groups[0]["lr"], "tokens": sum(run.data.lengths[s] for s in group),
+                 "lr": run.opt.param_groups[0]["lr"],
+                 "tokens": part_share(sum(run.data.lengths[s] for s in group), part, cfg.steps_per_batch),
                  **st.summary()})  # fmt: skip
 
         # checkpoint (and stop here when a test interrupts the run)
@@ -244,12 +288,13 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
 
     # --- end: final validation, final/ (rank 0) ---
     val = _validate(run, log, run.total)
+    draft, _ = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     final = run.out / "final"
     if run.rank == 0:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
         print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
         extra = {"step": run.total, "val": val, **({"init_from": run.init_from} if run.init_from else {})}
-        save_dflash(run.draft, final, extra={"train": extra})
+        save_dflash(draft, final, extra={"train": extra})
     log.close()
     barrier(run.world)
     return final
