@@ -132,20 +132,18 @@ def test_installed_vllm_reads_our_dflash_export(tmp_path):
 
 def test_sglang_layout_is_not_read_as_eagle3(tmp_path):
     """The SGLang layout (served_files(d, "sglang"): full vocabulary, no trained mask embedding) is recognised:
-    never checked against EAGLE-3's readers (their fields are not in it), a warning that it is not checked."""
+    never checked against EAGLE-3's readers (their fields are not in it); against vLLM a warning that it is not
+    checked, against SGLang checked by its DFlash readers (tests/test_doctor_sglang_dflash.py)."""
     from specdraft.doctor.formats.against import _export_problems
     from specdraft.engine.formats import FORMAT_ENGINES
 
     export = _export(tmp_path, fmt="sglang", draft_vocab_size=50, train_mask_embedding=False)
-    for problems in (
-        check_export_dir(VLLM_FORMATS, SourceTree(PAIRS / "reads"), export, registry=REGISTRY),
-        _export_problems(FORMAT_ENGINES["sglang"], SourceTree(PAIRS / "reads"), str(export)),
-    ):
-        assert [p.severity for p in problems] == ["warning"], [p.message for p in problems]
-        assert (
-            problems[0].subject == "dflash-sglang export"
-            and "SGLang layout of a DFlash draft" in problems[0].message
-        )
+    problems = check_export_dir(VLLM_FORMATS, SourceTree(PAIRS / "reads"), export, registry=REGISTRY)
+    assert [p.severity for p in problems] == ["warning"], [p.message for p in problems]
+    assert problems[0].subject == "dflash-sglang export" and "SGLang layout of a DFlash draft" in problems[0].message
+    sgl = _export_problems(FORMAT_ENGINES["sglang"], SourceTree(PAIRS / "reads"), str(export))
+    assert {p.subject for p in sgl} == {"dflash-sglang export"}, [p.message for p in sgl]
+    assert not any("eagle" in p.message.lower() for p in sgl)  # DFlash's readers, never EAGLE-3's
 
 
 def _cpu_build(tmp_path: Path, stand_in: bool) -> SourceTree:
