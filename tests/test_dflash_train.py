@@ -95,11 +95,9 @@ def test_steps_per_batch_splits_each_batch_s_anchors_and_resumes_exactly(shards,
         assert torch.equal(x, y), k
 
 
-def test_eagle3_refuses_dflash_data_and_dflash_refuses_unsupported(shards, tmp_path):
+def test_eagle3_refuses_dflash_data(shards, tmp_path):
     with pytest.raises(ValueError, match="EAGLE-3 needs 3 aux layers"):
         train(str(shards), str(tmp_path / "e"), cfg(draft="eagle3", ttt_steps=2))
-    with pytest.raises(ValueError, match="does not support --online True: EAGLE-3 only for now"):
-        train_dflash(str(shards), tmp_path / "f", cfg(online=True))
     assert "--draft must be eagle3 or dflash" in " ".join(cfg(draft="x").problems())
 
 
@@ -174,6 +172,30 @@ def test_train_dflash_through_the_cli(shards, tmp_path):
             "--max-steps", "1", "--draft-vocab-size", "64", "--max-length", "64", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     assert load_dflash(out / "final").cfg.block_size == 3
+
+
+def test_the_small_run_recipe_fills_dflash_s_settings_not_given(shards, tmp_path, capsys):
+    """--recipe auto under 500k scored tokens (the command line; a Python caller who sets one of them is
+    tuning): DFlash's share of the recipe (lr, tokens a step, schedule), the given ones kept and named."""
+    from specdraft.cli import main
+    from specdraft.train.config import DFLASH_SMALL_RUN
+
+    assert DFLASH_SMALL_RUN == {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"}
+    argv = ["train", str(shards), str(tmp_path / "a"), "--draft", "dflash", "--block-size", "3", "--anchors", "4",
+            "--max-steps", "2", "--draft-vocab-size", "64", "--max-length", "64", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert (
+        "settings from the small-run recipe (" in said
+        and "--lr 0.001 --max-tokens 512 --schedule constant" in said
+    )
+    rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows if r["split"] == "train"] == [1e-3, 1e-3]  # constant
+    assert main([*argv[:2], str(tmp_path / "b"), *argv[3:], "--lr", "3e-3", "--recipe", "auto"]) == 0
+    said = capsys.readouterr().out
+    assert "--max-tokens 512 --schedule constant; command line: --lr 0.003" in said
+    assert main([*argv[:2], str(tmp_path / "c"), *argv[3:], "--recipe", "off"]) == 0
+    assert "small-run recipe" not in capsys.readouterr().out
 
 
 def test_report_to_reaches_the_trackers(shards, tmp_path, fakes):  # noqa: F811

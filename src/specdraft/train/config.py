@@ -47,7 +47,7 @@ class TrainConfig:
     max_length: int = 2048  # longer samples are truncated to this many tokens
     max_samples: int = 0  # use only the first N samples (0 = all)
     recipe: Literal["auto", "on", "off"] = "auto"
-    """the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve: auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off never"""
+    """the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve (DFlash: its lr, tokens a step and schedule): auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off never"""
     lr: float = 1e-4  # peak learning rate of AdamW
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
     schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
@@ -192,33 +192,35 @@ _DEFAULTS = TrainConfig()
 # the small-run recipe: measured against the defaults above along the scaling curve (docs/experiments.md)
 SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss": True, "decay": 0.5,
              "hard_weight": 1.0, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99}  # fmt: skip
+# DFlash's share of it (its settings that a block draft has), measured on the quickstart's data (docs/dflash.md)
+DFLASH_SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"}
 # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's measured range)
 SMALL_RUN_BELOW = 500_000
 
 
-def with_recipe(cfg: TrainConfig, scored: int) -> tuple[TrainConfig, str]:
+def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN) -> tuple[TrainConfig, str]:
     """The settings a run trains with, and a line saying which of the recipe's settings came from where ("" when
     the recipe does not apply).
 
-    `on` fills in SMALL_RUN for each of its settings not given; `auto` does so under SMALL_RUN_BELOW scored
-    tokens. Given: named on the command line or in a --config file (`runtime.GIVEN`), or away from the library
+    `on` fills in `recipe` (SMALL_RUN, or DFLASH_SMALL_RUN for a DFlash draft) for each of its settings not
+    given; `auto` does so under SMALL_RUN_BELOW scored tokens. Given: named on the command line or in a --config file (`runtime.GIVEN`), or away from the library
     default. A Python caller (no command line) that sets any of them gets `auto` as off: it is tuning. EMA is
     left out under --fsdp (not supported there yet)."""
     from specdraft import runtime
 
     given = runtime.GIVEN if runtime.FROM_COMMAND_LINE else {}
     source = {
-        k: given.get(k, "given") for k in SMALL_RUN if k in given or getattr(cfg, k) != getattr(_DEFAULTS, k)
+        k: given.get(k, "given") for k in recipe if k in given or getattr(cfg, k) != getattr(_DEFAULTS, k)
     }
     tuned = bool(source) and not runtime.FROM_COMMAND_LINE
     if cfg.recipe == "off" or (cfg.recipe == "auto" and (tuned or scored >= SMALL_RUN_BELOW)):
         return cfg, ""
-    fill = {k: v for k, v in SMALL_RUN.items() if k not in source and not (k == "ema" and cfg.fsdp)}
+    fill = {k: v for k, v in recipe.items() if k not in source and not (k == "ema" and cfg.fsdp)}
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
     parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}"]
     for where in dict.fromkeys(source.values()):
         parts.append(f"{where}: {flags({k: getattr(cfg, k) for k, w in source.items() if w == where})}")
-    left = [k for k in SMALL_RUN if k not in source and k not in fill]
+    left = [k for k in recipe if k not in source and k not in fill]
     if left:
         parts.append(f"default: {flags({k: getattr(cfg, k) for k in left})}")
     said = f"train: settings from {'; '.join(parts)} (--recipe off keeps the library defaults)"

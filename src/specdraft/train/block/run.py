@@ -1,4 +1,5 @@
-"""`specdraft train --draft dflash`: a DFlash draft trained with the block objective on extracted shards.
+"""`specdraft train --draft dflash`: a DFlash draft trained with the block objective on extracted shards (or
+captured online).
 
 The same data as EAGLE-3 (an extraction's shards), any captured layer set: the draft fuses every aux layer
 the extraction holds (`setup.py`). The same settings where they apply (lr, warmup/schedule as EAGLE-3's,
@@ -28,7 +29,10 @@ train_mask_embedding), and the same machinery:
     at the batch's first step; a record's `tokens` is the step's share of its batch's
     (`train.batches.part_share`); a run stopped mid-batch resumes exactly.
 
-Refused, not ignored: `--online` (EAGLE-3 only for now: extract the data first).
+`--online` (`online.py`): DATA is a prepared dataset and the target captures each batch's hidden states
+(`--layers`, any set; transformers in process or `--backend vllm`, as EAGLE-3's online training). The
+small-run recipe (`--recipe`, train.config.DFLASH_SMALL_RUN: its lr, tokens a step and schedule) fills the
+settings not given under 500k scored tokens, as for EAGLE-3.
 
 OUT holds metrics.jsonl, checkpoints/step_N (the draft, the optimizer and the step: resume is exact because
 the data order and the anchors are functions of (seed, step); one written under --fsdp holds the full draft
@@ -47,6 +51,7 @@ from specdraft.model.dflash import DFlashDraft
 from specdraft.model.dflash_files import save_dflash
 from specdraft.train.batches import part_share
 from specdraft.train.block.objective import BlockStats, sample_anchors
+from specdraft.train.block.online import open_online
 from specdraft.train.block.setup import (
     BlockData,
     anchor_generator,
@@ -55,16 +60,16 @@ from specdraft.train.block.setup import (
     init_problems,
     load_sample,
     open_data,
+    sample_tensors,
     start_draft,
 )
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
+from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
 from specdraft.train.metrics import MetricsLog
 
-# settings --draft dflash refuses away from their default, and why
-UNSUPPORTED = {
-    "online": (False, "EAGLE-3 only for now: extract the data first"),
-}
+# settings --draft dflash refuses away from their default, and why (none today: the table stays for the next)
+UNSUPPORTED: dict[str, tuple[object, str]] = {}
 CHUNK = 64  # anchors per activation-checkpointed chunk (`objective.block_loss`)
 
 
@@ -119,7 +124,10 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
     from specdraft.train.setup import _lr_lambda
 
     rank, world, device = _init_distributed(resolve_device(cfg.device, "train"))
-    data = open_data(shards, cfg)
+    data = open_online(shards, cfg, device) if cfg.online else open_data(shards, cfg)
+    cfg, said = with_recipe(cfg, data.scored, DFLASH_SMALL_RUN)
+    if said and rank == 0:
+        print(said, flush=True)
     problems = init_problems(cfg, data)
     if problems:
         raise ValueError("train: " + "; ".join(problems))
@@ -151,7 +159,12 @@ def _global(run: _BlockRun, st: BlockStats) -> BlockStats:
 
 
 def _load(run: _BlockRun, sids: list[int]) -> list[tuple]:
-    return [load_sample(run.data, s, run.cfg.max_length, run.device) for s in sids]
+    """This rank's samples `sids`: read from the shards, or captured in one call (--online; every rank calls in
+    step, an empty share included: rank 0's vLLM engine captures every rank's rows)."""
+    ss = run.data.ss
+    if not hasattr(ss, "load_rows"):
+        return [load_sample(run.data, s, run.cfg.max_length, run.device) for s in sids]
+    return [sample_tensors(run.data, d, run.cfg.max_length, run.device) for d in ss.load_rows(sids)]
 
 
 def _backward_step(run: _BlockRun, loss: torch.Tensor, weight: float) -> None:
@@ -244,8 +257,20 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
     if problems:
         raise ValueError("train: " + "; ".join(problems))
 
-    # --- setup: processes, data, target, draft (fresh, --init-from, or --resume's checkpoint), optimizer ---
+    # --- setup: processes, data (shards, or --online the target capturing a dataset), the recipe, target,
+    # draft (fresh, --init-from, or --resume's checkpoint), optimizer ---
     run = _build(shards, Path(out), cfg)
+    try:
+        return _loop(run, _stop_at)
+    finally:  # an online capture's engine (vLLM: other processes) ends with the run, failed or not
+        close = getattr(run.data.ss, "close", None)
+        if close is not None:
+            close()
+
+
+def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
+    """The training loop of a built run: returns OUT/final (the checkpoint at `_stop_at` when a test stops it)."""
+    cfg = run.cfg  # the settings trained with (the recipe's where it applies)
 
     # --- logging: metrics.jsonl and the --report-to trackers (rank 0 writes) ---
     log = MetricsLog(run.out, run.rank, run.resumed is not None, run.start, cfg.tensorboard, cfg.report_to,

@@ -34,6 +34,7 @@ class BlockData:
     val_sids: list[int]
     target_name: str
     target_hash: str  # the extraction's record of the target's config hash ("" when none)
+    scored: int = 0  # loss-masked tokens of the samples used (what `--recipe auto` decides on)
 
 
 def open_data(shards: str, cfg) -> BlockData:
@@ -50,7 +51,19 @@ def open_data(shards: str, cfg) -> BlockData:
     lengths = {s: min(ss.length(s), cfg.max_length) for s in sids if ss.length(s) >= 3}
     train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
     aux_ids = list(man["layer_ids"])[:-1]  # the final id L is captured for EAGLE-3's teacher only
-    return BlockData(ss, aux_ids, lengths, train_sids, val_sids, name, tinfo.get("config_hash") or "")
+    return BlockData(ss, aux_ids, lengths, train_sids, val_sids, name, tinfo.get("config_hash") or "",
+                     _scored(ss, sids))  # fmt: skip
+
+
+def _scored(ss, sids: list[int]) -> int:
+    """The loss-masked tokens of `sids`: the dataset's share for them where its manifest records it (as EAGLE-3
+    estimates it offline), else every extracted sample's."""
+    from specdraft.train.setup import _dataset_manifest
+
+    dm = _dataset_manifest(ss.manifest.get("dataset"))
+    if dm.get("num_tokens") and "num_loss_tokens" in dm:
+        return round(dm["num_loss_tokens"] * min(1.0, sum(ss.length(s) for s in sids) / dm["num_tokens"]))
+    return int(ss.token_counts().sum())
 
 
 def dflash_dir(path: str) -> Path | None:
@@ -153,7 +166,11 @@ def epoch_batches(data: BlockData, max_tokens: int, seed: int, epoch: int) -> li
 
 def load_sample(data: BlockData, sid: int, max_length: int, device) -> tuple:
     """(aux (T, n_aux * H), ids (T,), loss_mask (T,)) of one stored sample, truncated to max_length."""
-    d = data.ss.load(sid)
+    return sample_tensors(data, data.ss.load(sid), max_length, device)
+
+
+def sample_tensors(data: BlockData, d: dict, max_length: int, device) -> tuple:
+    """What `load_sample` gives, of a sample dict as the shards (or an online capture) hold it."""
     hid = d["hidden"][
         :max_length, : len(data.aux_ids)
     ].float()  # (T, n_aux, H): the aux slots, not the final one
