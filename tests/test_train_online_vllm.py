@@ -194,3 +194,22 @@ def test_online_through_vllm_under_torchrun_splits_rows_as_offline_does(prepared
     assert len(val["offline"]) >= 2 and [s for s, _ in val["online"]] == [s for s, _ in val["offline"]]
     assert [x for _, x in val["online"]] == pytest.approx([x for _, x in val["offline"]], rel=1e-5, abs=1e-6)
     assert_same_weights(tmp_path / "offline" / "final", tmp_path / "online" / "final", atol=1e-5)
+
+
+def test_dflash_online_through_vllm_equals_offline_on_shards_extracted_through_vllm(prepared, tmp_path):
+    """`--draft dflash --online --backend vllm`: the block trainer reads vLLM's capture batch by batch as it
+    reads an extraction by the same engine (the dense stand-in at TP=1, 3 aux layers)."""
+    from specdraft.model.dflash_files import load_dflash
+
+    target, ds = prepared("llama")
+    hs = extract(str(ds), str(tmp_path / "hs"), backend="vllm", layers=[0, 1, 2], store_dtype="float32",
+                 skip_doctor=True)  # fmt: skip
+    c = cfg(draft="dflash", block_size=3, anchors=4, recipe="off")
+    off = train(str(hs), str(tmp_path / "offline"), c)
+    on = train(str(ds), str(tmp_path / "online"), replace(c, online=True, backend="vllm", layers=[0, 1, 2]))
+    lo, ln = losses(tmp_path / "offline"), losses(tmp_path / "online")
+    assert len(lo) >= 3 and [s for s, _ in ln] == [s for s, _ in lo]
+    assert [x for _, x in ln] == pytest.approx([x for _, x in lo], rel=1e-5, abs=1e-6)
+    a, b = load_dflash(off).state_dict(), load_dflash(on).state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0, msg=k)
