@@ -384,3 +384,23 @@ def test_the_resume_hint_of_a_stopped_dflash_run_says_resume(tmp_path):
     (tmp_path / "checkpoints" / "step_4").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"")
     assert resume_hint(argv, str(tmp_path)).endswith("--draft dflash --resume`")
+
+
+def test_epochs_that_pack_into_different_batch_counts_all_run(shards, tmp_path):
+    """Each epoch is shuffled and packed anew, so two epochs may hold different numbers of batches: the run
+    takes every batch of every epoch (an epoch's count read off epoch 0 once ran past a shorter epoch's end)."""
+    from specdraft.train.block.setup import epoch_batches, open_data
+
+    data = open_data(str(shards), cfg())
+    for mt in (150, 200, 250, 300, 400, 500):
+        counts = [len(epoch_batches(data, mt, 0, e)) for e in range(3)]
+        if len(set(counts)) > 1:
+            break
+    assert len(set(counts)) > 1, counts  # the fixture packs unevenly at one of these sizes
+    train_dflash(
+        str(shards), tmp_path / "o", cfg(max_steps=0, epochs=3, max_tokens=mt, checkpoint_every=10**6)
+    )
+    rows = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, sum(counts) + 1))
+    assert steps[counts[0] - 1]["epoch"] == 1.0 and steps[-1]["epoch"] == 3.0

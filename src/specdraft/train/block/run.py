@@ -57,6 +57,7 @@ from specdraft.train.block.setup import (
     anchor_generator,
     checkpoints,
     epoch_batches,
+    extend_plan,
     init_problems,
     load_sample,
     open_data,
@@ -110,7 +111,9 @@ class _BlockRun:
     params: list[torch.nn.Parameter]
     opt: torch.optim.Optimizer
     lr_at: object  # step -> learning-rate factor (EAGLE-3's schedule: `train.setup._lr_lambda`)
-    per_epoch: int  # optimizer steps per epoch: batches x --steps-per-batch
+    plan: list[
+        tuple
+    ]  # the global batches in order: (epoch, index, batches in that epoch, sids) (`extend_plan`)
     total: int
     start: int  # the step the run starts at (the checkpoint's on --resume)
     resumed: Path | None  # the checkpoint --resume continues
@@ -144,13 +147,15 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if resumed is not None:
         load_optimizer(model, opt, torch.load(resumed / "optimizer.pt", weights_only=True), sharded)
-    per_epoch = len(epoch_batches(data, cfg.max_tokens, cfg.seed, 0)) * cfg.steps_per_batch
-    if per_epoch == 0:
+    if not epoch_batches(data, cfg.max_tokens, cfg.seed, 0):
         raise ValueError(f"train: no training batch: {len(data.train_sids)} training samples of length >= 3; "
                          "add data or lower --val-fraction")  # fmt: skip
-    total = cfg.max_steps or per_epoch * cfg.epochs
+    plan = extend_plan([], data, cfg.max_tokens, cfg.seed, 0)
+    while plan[-1][0] < cfg.epochs - 1:  # every batch of --epochs epochs (their counts may differ)
+        extend_plan(plan, data, cfg.max_tokens, cfg.seed, len(plan))
+    total = cfg.max_steps or len(plan) * cfg.steps_per_batch
     return _BlockRun(cfg, out, rank, world, device, data, draft, model, sharded, params, opt,
-                     _lr_lambda(cfg, total), per_epoch, total, start, resumed, init_from)  # fmt: skip
+                     _lr_lambda(cfg, total), plan, total, start, resumed, init_from)  # fmt: skip
 
 
 def _global(run: _BlockRun, st: BlockStats) -> BlockStats:
@@ -199,9 +204,8 @@ def _step_data(run: _BlockRun, step: int, held: _Held) -> tuple[list[int], int, 
     part j): each sample's anchors are drawn once per batch (a function of seed, the batch's first step and
     the sample: any rank, any part, a resumed run draws the same) and cut in position order into N groups."""
     n = run.cfg.steps_per_batch
-    epoch, idx = divmod(step, run.per_epoch)
-    i, part = divmod(idx, n)
-    group = epoch_batches(run.data, run.cfg.max_tokens, run.cfg.seed, epoch)[i]
+    b, part = divmod(step, n)
+    group = extend_plan(run.plan, run.data, run.cfg.max_tokens, run.cfg.seed, b)[b][3]
     if held.first != step - part:  # the batch's first step, or the first step of a resumed run
         mine = group[run.rank :: run.world]
         held.first, held.batch = step - part, _load(run, mine)
@@ -299,7 +303,8 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
 
         # log: the global batch's loss, accuracy per block slot, tau
         if (step + 1) % cfg.log_every == 0 or step + 1 == run.total:
-            log({"split": "train", "step": step + 1, "epoch": round((step + 1) / run.per_epoch, 4),
+            e, i, m, _ = run.plan[step // cfg.steps_per_batch]  # epochs done: e + the share of epoch e done
+            log({"split": "train", "step": step + 1, "epoch": round(e + (i + (part + 1) / cfg.steps_per_batch) / m, 4),
                  "lr": run.opt.param_groups[0]["lr"],
                  "tokens": part_share(sum(run.data.lengths[s] for s in group), part, cfg.steps_per_batch),
                  **st.summary()})  # fmt: skip

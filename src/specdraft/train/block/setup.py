@@ -170,6 +170,18 @@ def epoch_batches(data: BlockData, max_tokens: int, seed: int, epoch: int) -> li
     return out + ([cur] if cur else [])
 
 
+def extend_plan(plan: list[tuple], data: BlockData, max_tokens: int, seed: int, upto: int) -> list[tuple]:
+    """The run's global batches in order, (epoch, index in the epoch, batches in the epoch, sids), extended by
+    whole epochs until it holds batch `upto`. Each epoch is shuffled and packed anew, so epochs may differ in
+    their number of batches: a step is found by its place in the plan, never by epoch x a fixed count."""
+    while len(plan) <= upto:
+        e = plan[-1][0] + 1 if plan else 0
+        got = epoch_batches(data, max_tokens, seed, e)
+        assert got, "an epoch without a batch (the run checks for one at setup)"
+        plan += [(e, i, len(got), g) for i, g in enumerate(got)]
+    return plan
+
+
 def load_sample(data: BlockData, sid: int, max_length: int, device) -> tuple:
     """(aux (T, n_aux * H), ids (T,), loss_mask (T,)) of one stored sample, truncated to max_length."""
     return sample_tensors(data, data.ss.load(sid), max_length, device)
