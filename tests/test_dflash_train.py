@@ -176,11 +176,17 @@ def test_train_dflash_through_the_cli(shards, tmp_path):
 
 def test_the_small_run_recipe_fills_dflash_s_settings_not_given(shards, tmp_path, capsys):
     """--recipe auto under 500k scored tokens (the command line; a Python caller who sets one of them is
-    tuning): DFlash's share of the recipe (lr, tokens a step, schedule), the given ones kept and named."""
+    tuning): DFlash's recipe (lr, tokens a step, schedule, block 4, 16 anchors), the given ones kept and named."""
     from specdraft.cli import main
     from specdraft.train.config import DFLASH_SMALL_RUN
 
-    assert DFLASH_SMALL_RUN == {"lr": 1e-3, "max_tokens": 512, "schedule": "constant"}
+    assert DFLASH_SMALL_RUN == {
+        "lr": 1e-3,
+        "max_tokens": 512,
+        "schedule": "constant",
+        "block_size": 4,
+        "anchors": 16,
+    }
     argv = ["train", str(shards), str(tmp_path / "a"), "--draft", "dflash", "--block-size", "3", "--anchors", "4",
             "--max-steps", "2", "--draft-vocab-size", "64", "--max-length", "64", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
@@ -196,6 +202,9 @@ def test_the_small_run_recipe_fills_dflash_s_settings_not_given(shards, tmp_path
     assert "--max-tokens 512 --schedule constant; command line: --lr 0.003" in said
     assert main([*argv[:2], str(tmp_path / "c"), *argv[3:], "--recipe", "off"]) == 0
     assert "small-run recipe" not in capsys.readouterr().out
+    assert main([*argv[:2], str(tmp_path / "d"), *argv[3:5], *argv[9:]]) == 0  # no --block-size, --anchors
+    assert "--schedule constant --block-size 4 --anchors 16" in capsys.readouterr().out
+    assert load_dflash(tmp_path / "d" / "final").cfg.block_size == 4
 
 
 def test_report_to_reaches_the_trackers(shards, tmp_path, fakes):  # noqa: F811

@@ -31,7 +31,8 @@ train_mask_embedding), and the same machinery:
 
 `--online` (`online.py`): DATA is a prepared dataset and the target captures each batch's hidden states
 (`--layers`, any set; transformers in process or `--backend vllm`, as EAGLE-3's online training). The
-small-run recipe (`--recipe`, train.config.DFLASH_SMALL_RUN: its lr, tokens a step and schedule) fills the
+small-run recipe (`--recipe`, train.config.DFLASH_SMALL_RUN: its lr, tokens a step and schedule, block 4 and
+16 anchors; an --init-from draft keeps its block size) fills the
 settings not given under 500k scored tokens, as for EAGLE-3.
 
 OUT holds metrics.jsonl, checkpoints/step_N (the draft, the optimizer and the step: resume is exact because
@@ -128,7 +129,9 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
 
     rank, world, device = _init_distributed(resolve_device(cfg.device, "train"))
     data = open_online(shards, cfg, device) if cfg.online else open_data(shards, cfg)
-    cfg, said = with_recipe(cfg, data.scored, DFLASH_SMALL_RUN)
+    # (an --init-from draft keeps its own block size: the recipe does not fill it there)
+    recipe = {k: v for k, v in DFLASH_SMALL_RUN.items() if not (cfg.init_from and k == "block_size")}
+    cfg, said = with_recipe(cfg, data.scored, recipe)
     if said and rank == 0:
         print(said, flush=True)
     problems = init_problems(cfg, data)
