@@ -140,7 +140,10 @@ def test_sglang_layout_is_not_read_as_eagle3(tmp_path):
     export = _export(tmp_path, fmt="sglang", draft_vocab_size=50, train_mask_embedding=False)
     problems = check_export_dir(VLLM_FORMATS, SourceTree(PAIRS / "reads"), export, registry=REGISTRY)
     assert [p.severity for p in problems] == ["warning"], [p.message for p in problems]
-    assert problems[0].subject == "dflash-sglang export" and "SGLang layout of a DFlash draft" in problems[0].message
+    assert (
+        problems[0].subject == "dflash-sglang export"
+        and "SGLang layout of a DFlash draft" in problems[0].message
+    )
     sgl = _export_problems(FORMAT_ENGINES["sglang"], SourceTree(PAIRS / "reads"), str(export))
     assert {p.subject for p in sgl} == {"dflash-sglang export"}, [p.message for p in sgl]
     assert not any("eagle" in p.message.lower() for p in sgl)  # DFlash's readers, never EAGLE-3's
