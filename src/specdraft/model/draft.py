@@ -166,6 +166,16 @@ _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x
 # ---------------------------------------------------------------------------------------------------------
 
 
+def vocab_counts(token_counts: np.ndarray | torch.Tensor, vocab_size: int) -> np.ndarray:
+    """A dataset's token counts over the target's whole vocabulary (V,): zeros past the tokenizer's ids (model
+    vocabularies are often padded beyond it); counts over more ids than V are another tokenizer's (refused)."""
+    counts = np.asarray(token_counts)
+    if counts.shape[0] > vocab_size:
+        raise ValueError(f"token counts cover {counts.shape[0]} ids but the target's vocabulary has only {vocab_size}: "
+                         "the dataset was prepared with another tokenizer")  # fmt: skip
+    return np.pad(counts, (0, vocab_size - counts.shape[0]))
+
+
 def build_vocab_map(
     token_counts: np.ndarray | torch.Tensor, draft_vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -491,12 +501,7 @@ def build_draft(
             f"the target's config (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) disagrees with its weights "
             f"(hidden {target.hidden_size}, vocab {target.vocab_size}); pass a consistent model"
         )
-    counts = np.asarray(token_counts)
-    if counts.shape[0] < cfg.vocab_size:  # model vocabularies are often padded beyond the tokenizer's
-        counts = np.pad(counts, (0, cfg.vocab_size - counts.shape[0]))
-    if counts.shape[0] != cfg.vocab_size:
-        raise ValueError(f"token counts cover {counts.shape[0]} ids but the target's vocabulary has only {cfg.vocab_size}: "
-                         "the dataset was prepared with another tokenizer")  # fmt: skip
+    counts = vocab_counts(token_counts, cfg.vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = Eagle3Draft(cfg)

@@ -14,12 +14,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specdraft.model.dflash import DFlashConfig, DFlashDraft
 from specdraft.model.dflash_files import is_dflash_dir, load_dflash
-from specdraft.model.draft import build_vocab_map
+from specdraft.model.draft import build_vocab_map, vocab_counts
 from specdraft.train.batches import split_sids
 from specdraft.train.config import flags
 
@@ -123,12 +122,7 @@ def new_draft(cfg, data: BlockData, tgt) -> DFlashDraft:
     )  # fmt: skip
     torch.manual_seed(cfg.seed)  # every rank builds the same draft
     draft = DFlashDraft(dcfg)
-    counts = np.asarray(data.ss.token_counts())
-    if counts.shape[0] > V:
-        raise ValueError(f"token counts cover {counts.shape[0]} ids but the target's vocabulary has only {V}: the "
-                         "dataset was prepared with another tokenizer")  # fmt: skip
-    # (V,): model vocabularies are often padded beyond the tokenizer's (a dataset's counts stop at the latter)
-    draft.set_vocab(*build_vocab_map(np.pad(counts, (0, V - counts.shape[0])), dcfg.draft_vocab_size))
+    draft.set_vocab(*build_vocab_map(vocab_counts(data.ss.token_counts(), V), dcfg.draft_vocab_size))
     # the target's final norm weight, where its norm is weight * x (Gemma's is (1 + weight) * x: left at ones)
     norm = None if "Gemma" in type(tgt.norm).__name__ else getattr(tgt.norm, "weight", None)
     draft.init_from_target(tgt.embed_tokens.weight.detach().float(), tgt.lm_head.weight.detach().float(),
