@@ -16,7 +16,7 @@ from torch import nn
 
 import specdraft.train.loop as loop
 import specdraft.train.ttt as ttt
-from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft
+from specdraft.model.draft import DraftConfig, DraftKVCache, Eagle3Draft, RMSNorm
 from specdraft.train.config import TrainConfig
 from specdraft.train.ttt import TeacherHead, TTTModel, keep_mask, step_token_counts, ttt_attention, ttt_unroll
 
@@ -95,21 +95,32 @@ def close(a: torch.Tensor, b: torch.Tensor, **kw) -> None:
         torch.testing.assert_close(a, b, atol=2e-5 * float(b.detach().abs().max()), rtol=1e-5, **kw)
 
 
-def tiny_draft(norm_before_residual: bool) -> Eagle3Draft:
+def tiny_draft(norm_before_residual: bool, **kw) -> Eagle3Draft:
+    """kw: num_hidden_layers, fc_norm, norm_output (deeper drafts, EAGLE-3.1)."""
     torch.manual_seed(0)
     cfg = DraftConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                      vocab_size=40, draft_vocab_size=16, norm_before_residual=norm_before_residual)  # fmt: skip
+                      vocab_size=40, draft_vocab_size=16, norm_before_residual=norm_before_residual, **kw)  # fmt: skip
     draft = Eagle3Draft(cfg)
     draft.reset_parameters(std=0.3)  # large weights: attention mixing is visible
     return draft
 
 
-@pytest.mark.parametrize("norm_before_residual,dtype,ck", [(False, torch.float32, False), (True, torch.float32, False),
-                                                           (False, torch.float64, False), (False, torch.float64, True)])  # fmt: skip
-def test_ttt_unroll_equals_masked_unroll(norm_before_residual, dtype, ck):
+DEEP = {"num_hidden_layers": 3}
+V31 = {"fc_norm": True, "norm_output": True}  # EAGLE-3.1
+
+
+@pytest.mark.parametrize("norm_before_residual,dtype,ck,kw", [(False, torch.float32, False, {}), (True, torch.float32, False, {}),
+                                                              (False, torch.float64, False, {}), (False, torch.float64, True, {}),
+                                                              (False, torch.float64, False, DEEP), (False, torch.float64, True, DEEP),
+                                                              (False, torch.float64, False, V31), (True, torch.float64, False, {**V31, **DEEP})])  # fmt: skip
+def test_ttt_unroll_equals_masked_unroll(norm_before_residual, dtype, ck, kw):
     """Every step's hidden_out and the gradients of every draft parameter equal the old masked unroll
-    (ck: each step's layer recomputed in backward, `checkpoint_layer`)."""
-    draft = tiny_draft(norm_before_residual).to(dtype)
+    (ck: each step's layer recomputed in backward, `checkpoint_layer`), for deeper drafts (3 layers, each
+    with its own cache) and EAGLE-3.1 (per-layer fc norms, the post-norm state fed back) too."""
+    draft = tiny_draft(norm_before_residual, **kw).to(dtype)
+    for m in draft.modules() if kw else ():  # norms away from 1: a norm applied twice or not at all shows
+        if isinstance(m, RMSNorm):
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
     g = torch.Generator().manual_seed(1)
     B, T, K = 2, 9, 4
     ids = torch.randint(0, 40, (B, T), generator=g)
@@ -131,17 +142,22 @@ def test_ttt_unroll_equals_masked_unroll(norm_before_residual, dtype, ck):
     assert (
         new_g.keys() == old_g.keys() and "midlayer.self_attn.k_proj.weight" in old_g and "fc.weight" in old_g
     )
+    if kw.get("num_hidden_layers"):
+        assert "later_layers.1.self_attn.q_proj.weight" in old_g
+    if kw.get("fc_norm"):
+        assert "fc_norm.2.weight" in old_g
     for n in old_g:
         close(new_g[n], old_g[n], msg=n)
 
 
-@pytest.mark.parametrize("chunk,ck", [(1 << 20, False), (2 * 4 * 9 * 2, False), (2 * 4 * 9 * 2, True)])
-def test_live_slots_only_equal_every_slot(chunk, ck):
+@pytest.mark.parametrize("chunk,ck,kw", [(1 << 20, False, {}), (2 * 4 * 9 * 2, False, {}), (2 * 4 * 9 * 2, True, {}),
+                                         (2 * 4 * 9 * 2, False, {**DEEP, **V31})])  # fmt: skip
+def test_live_slots_only_equal_every_slot(chunk, ck, kw):
     """Computing each TTT step only at its live slots (`live_slots`) gives the same hidden states at every
     scored slot and the same gradients as computing every slot: fp64, ragged rows (a prompt, a gap inside
     an answer, padding), the dense attention (one chunk) and the chunked one (2 rows a chunk), with and
-    without `checkpoint_layer`."""
-    draft = tiny_draft(False).to(torch.float64)
+    without `checkpoint_layer`; a deeper EAGLE-3.1 draft too."""
+    draft = tiny_draft(False, **kw).to(torch.float64)
     g = torch.Generator().manual_seed(3)
     B, T, K = 2, 9, 3
     ids = torch.randint(0, 40, (B, T), generator=g)

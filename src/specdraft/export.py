@@ -65,6 +65,9 @@ def export_state(draft: Eagle3Draft, fmt: str, dtype: torch.dtype = torch.float3
             continue
         if name.startswith("midlayer."):
             name = _LAYER_PREFIX[fmt] + name.removeprefix("midlayer.")
+        elif name.startswith("later_layers."):  # a deeper draft's layer j + 1: vLLM's layers.{j+1}
+            j, rest = name.removeprefix("later_layers.").split(".", 1)
+            name = f"layers.{int(j) + 1}.{rest}"
         state[name] = t.detach().cpu().to(dtype).contiguous()
     return state
 
@@ -77,7 +80,7 @@ def _layer_config(cfg: DraftConfig, dtype: str, target: dict | None = None) -> d
     d.update(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
-        num_hidden_layers=1,
+        num_hidden_layers=cfg.num_hidden_layers,
         vocab_size=cfg.vocab_size,
         draft_vocab_size=cfg.draft_vocab_size,
         torch_dtype=dtype,
@@ -136,6 +139,7 @@ def export_config(
             "target_hidden_size": cfg.target_hidden_size,
             "norm_before_residual": cfg.norm_before_residual,
             "eagle_aux_hidden_state_layer_ids": aux,
+            **eagle31_keys(cfg),
             "torch_dtype": dtype,
             "specdraft_version": __version__,
         }
@@ -152,6 +156,23 @@ def export_config(
         specdraft_version=__version__,
     )
     return d
+
+
+def eagle31_keys(cfg: DraftConfig) -> dict:
+    """EAGLE-3.1's keys, written only when set (a plain EAGLE-3 export stays as it was): vLLM's speculators
+    reader (`update_eagle3`) copies `fc_norm` and `norm_output` into the draft's config (vLLM >= 0.22)."""
+    return {k: True for k in ("fc_norm", "norm_output") if getattr(cfg, k)}
+
+
+def sglang_problems(cfg: DraftConfig) -> list[str]:
+    """What the eagle3 format (SGLang's LlamaForCausalLMEagle3, one plain layer) cannot carry, with the fix."""
+    extra = [f"{k}=True" for k in ("fc_norm", "norm_output") if getattr(cfg, k)]
+    if cfg.num_hidden_layers > 1:
+        extra.append(f"{cfg.num_hidden_layers} decoder layers")
+    if not extra:
+        return []
+    return [f"the draft has {', '.join(extra)}, which the eagle3 format's reader (SGLang) does not build: export "
+            "--format speculators (vLLM reads them), or train without them for SGLang"]
 
 
 def validate(
@@ -223,6 +244,13 @@ def validate(
         problems.append(
             f"{prefix}self_attn.q_proj.weight must read 2H inputs, is {None if q is None else tuple(q.shape)}"
         )
+    for j in range(1, layer.get("num_hidden_layers", 1)):  # a deeper draft's later layers read H
+        q = state.get(f"layers.{j}.self_attn.q_proj.weight")
+        if q is None or q.shape[1] != layer["hidden_size"]:
+            problems.append(f"layers.{j}.self_attn.q_proj.weight must read H inputs, is "
+                            f"{None if q is None else tuple(q.shape)}")  # fmt: skip
+    if config.get("fc_norm") and not all(f"fc_norm.{i}.weight" in state for i in range(3)):
+        problems.append("fc_norm is set but fc_norm.{0,1,2}.weight are missing: export them from the draft")
     return problems
 
 
@@ -491,6 +519,8 @@ def export(
             + f". Fix: export against the draft's own target (--target {cfg.target_name or 'DIR'}), or train a "
             f"draft for {name}"
         )
+    if format == "eagle3" and sglang_problems(cfg):
+        raise ValueError("export: " + sglang_problems(cfg)[0])
     state = export_state(draft, format, DTYPES[dtype])
     config = export_config(cfg, format, hub or target_path, k, dtype, target_facts(name))
     problems = validate(config, state, format, cfg.vocab_size, cfg.target_num_layers)

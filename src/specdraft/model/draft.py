@@ -15,7 +15,13 @@ previous `hidden_out` on later steps):
 
 This is numerically what vLLM's `llama_eagle3.py` computes for the same weights (its fused
 add-and-norm `norm(x, residual)` returns (norm(x + residual), x + residual), and the draft's next-step
-hidden state is that pre-norm sum unless the config sets `norm_output`, which we never write).
+hidden state is that pre-norm sum unless the config sets `norm_output`).
+
+EAGLE-3.1 (options): `fc_norm`, an RMSNorm on each aux layer's state before fc, and `norm_output`, the
+post-norm hidden state fed back as the next step's `hidden` (lm_head then reads it without another norm).
+Deeper drafts (`num_hidden_layers` N > 1): layers 1 .. N-1 are plain pre-norm Llama layers over the H-wide
+residual stream (`later_layers.j`, vLLM's `layers.{j+1}`), each with its own KV cache; the final norm and
+`hidden_out` follow the last one.
 
 Module names follow the plain EAGLE-3 checkpoint layout: `fc`, `midlayer.{self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj, input_layernorm, hidden_norm, post_attention_layernorm}`, `norm`, `lm_head`,
@@ -63,6 +69,9 @@ class DraftConfig:
     aux_layer_ids: list[int] = field(default_factory=list)  # the target's 3 aux ids, ascending (fc order)
     target_num_layers: int = 0  # L of the target (its final capture id)
     norm_before_residual: bool = False  # residual is hidden_norm(h) instead of h (False = plain EAGLE-3)
+    num_hidden_layers: int = 1  # decoder layers: the first reads cat(embedding, hidden) (2H), later ones H
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux hidden state before fc (vLLM's `fc_norm`)
+    norm_output: bool = False  # EAGLE-3.1: the next step's hidden state is the post-norm one (vLLM's `norm_output`)
     hidden_act: str = "silu"  # MLP activation
     attention_bias: bool = False  # biases on q/k/v/o projections
     mlp_bias: bool = False  # biases on the MLP projections
@@ -86,6 +95,8 @@ class DraftConfig:
             len(set(self.aux_layer_ids)) != 3 or self.aux_layer_ids != sorted(self.aux_layer_ids)
         ):
             errors.append(f"aux_layer_ids {self.aux_layer_ids} must be 3 distinct ids in ascending order")
+        if self.num_hidden_layers < 1:
+            errors.append(f"num_hidden_layers must be at least 1, not {self.num_hidden_layers}")
         if self.hidden_act not in _ACTS:
             errors.append(f"hidden_act {self.hidden_act!r} unsupported; use one of {sorted(_ACTS)}")
         if errors:
@@ -104,6 +115,9 @@ class DraftConfig:
         norm_before_residual: bool = False,
         target_name: str = "",
         target_config_hash: str = "",
+        num_hidden_layers: int = 1,
+        fc_norm: bool = False,
+        norm_output: bool = False,
     ) -> DraftConfig:
         """A draft config sized like the target's text config (a transformers PretrainedConfig)."""
         c = text_config
@@ -132,12 +146,15 @@ class DraftConfig:
             aux_layer_ids=sorted(aux_layer_ids),
             target_num_layers=c.num_hidden_layers,
             norm_before_residual=norm_before_residual,
+            num_hidden_layers=num_hidden_layers,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
             target_name=target_name,
             target_config_hash=target_config_hash,
         )
 
     def to_llama_config(self):
-        """The draft layer as a transformers LlamaConfig (one layer): rope setup, and the export's layer config."""
+        """The draft layers as a transformers LlamaConfig: rope setup, and the export's layer config."""
         from transformers import LlamaConfig
 
         return LlamaConfig(
@@ -146,7 +163,7 @@ class DraftConfig:
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
-            num_hidden_layers=1,
+            num_hidden_layers=self.num_hidden_layers,
             vocab_size=self.vocab_size,
             rms_norm_eps=self.rms_norm_eps,
             rope_parameters=dict(self.rope_parameters),
@@ -263,6 +280,13 @@ class DraftKVCache:
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.later: list[DraftKVCache] = []  # the caches of decoder layers 1 .. N-1 (deeper drafts)
+
+    def layer(self, j: int) -> DraftKVCache:
+        """The cache of decoder layer j + 1 (made on first use)."""
+        while len(self.later) <= j:
+            self.later.append(DraftKVCache())
+        return self.later[j]
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
@@ -282,18 +306,21 @@ class DraftKVCache:
         assert 0 <= n <= len(self), f"cannot crop a cache of {len(self)} positions to {n}"
         if self.k is not None:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+        for c in self.later:
+            c.crop(n)
 
 
 class DraftAttention(nn.Module):
-    """Attention whose q/k/v read the 2H-wide cat(embedding, hidden) input."""
+    """Attention whose q/k/v read the 2H-wide cat(embedding, hidden) input (the first layer; `width` H later)."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, width: int = 0):
         super().__init__()
         self.cfg = cfg
         d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * d, bias=cfg.attention_bias)
+        width = width or 2 * cfg.hidden_size
+        self.q_proj = nn.Linear(width, nh * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(width, nkv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(width, nkv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(nh * d, cfg.hidden_size, bias=cfg.attention_bias)
 
     def forward(
@@ -384,6 +411,23 @@ class Eagle3DecoderLayer(nn.Module):
         return residual
 
 
+class LaterDecoderLayer(nn.Module):
+    """Decoder layer 1 .. N-1 of a deeper draft: a plain pre-norm Llama layer over the H-wide residual stream
+    (vLLM's `layers.j` for j >= 1: q/k/v read H, the fused add-norm gives the same sums)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, x, cos, sin, attn_mask, kv_cache) -> torch.Tensor:
+        """x (B, T, H) the residual stream -> (B, T, H)."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, kv_cache)  # (B, T, H)
+        return x + self.mlp(self.post_attention_layernorm(x))  # (B, T, H)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the draft
 # ---------------------------------------------------------------------------------------------------------
@@ -398,8 +442,12 @@ class Eagle3Draft(nn.Module):
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's embeddings
+        if cfg.fc_norm:  # EAGLE-3.1: one norm per aux layer, low, mid, high
+            self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3)])
         self.fc = nn.Linear(3 * cfg.target_hidden_size, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(cfg)
+        if cfg.num_hidden_layers > 1:  # exported as layers.1 .. layers.N-1
+            self.later_layers = nn.ModuleList([LaterDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers - 1)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.rotary = Rotary(cfg)
@@ -434,11 +482,20 @@ class Eagle3Draft(nn.Module):
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """aux (B, T, 3H_target): the 3 aux hidden states concatenated in ascending id order -> (B, T, H)."""
+        if self.cfg.fc_norm:  # each aux layer's state normed alone (vLLM's fc_norm)
+            parts = aux.chunk(3, dim=-1)  # 3 x (B, T, H_target)
+            aux = torch.cat([n(x) for n, x in zip(self.fc_norm, parts)], dim=-1)  # (B, T, 3H_target)
         return self.fc(aux)
 
+    def output(self, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's residual stream (B, T, H) -> hidden_out, the next step's input: the stream itself, or
+        (norm_output, EAGLE-3.1) the final norm of it."""
+        return self.norm(residual) if self.cfg.norm_output else residual
+
     def compute_logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
-        """hidden_out (B, T, H) pre-final-norm -> logits over the draft vocabulary (B, T, Vd)."""
-        return self.lm_head(self.norm(hidden_out))
+        """hidden_out (B, T, H) (`output`) -> logits over the draft vocabulary (B, T, Vd): the final norm then
+        lm_head (with norm_output the norm is already in hidden_out)."""
+        return self.lm_head(hidden_out if self.cfg.norm_output else self.norm(hidden_out))
 
     def forward(
         self,
@@ -460,13 +517,15 @@ class Eagle3Draft(nn.Module):
             compute_logits: False returns (hidden_out, None) (training computes its head loss separately).
 
         Returns:
-            hidden_out (B, T, H) before the final norm (the next step's `hidden`), logits (B, T, Vd).
+            hidden_out (B, T, H) (`output`: before the final norm, unless norm_output) (the next step's
+            `hidden`), logits (B, T, Vd).
         """
         embeds = self.embed_tokens(input_ids)  # (B, T, H)
         cos, sin = self.rotary(position_ids, embeds.dtype)  # (B, 1, T, d) each
-        hidden_out = self.midlayer(
-            embeds, hidden.to(embeds.dtype), cos, sin, attn_mask, kv_cache
-        )  # (B, T, H)
+        x = self.midlayer(embeds, hidden.to(embeds.dtype), cos, sin, attn_mask, kv_cache)  # (B, T, H)
+        for j, layer in enumerate(getattr(self, "later_layers", ())):
+            x = layer(x, cos, sin, attn_mask, None if kv_cache is None else kv_cache.layer(j))  # (B, T, H)
+        hidden_out = self.output(x)  # (B, T, H)
         return hidden_out, self.compute_logits(hidden_out) if compute_logits else None
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -483,6 +542,9 @@ def build_draft(
     init_lm_head: bool = True,
     seed: int = 0,
     fc_init: str = "random",
+    num_hidden_layers: int = 1,
+    fc_norm: bool = False,
+    norm_output: bool = False,
 ) -> Eagle3Draft:
     """A fresh draft for a `specdraft.targets.Target`: sized from its config, its embeddings copied and frozen,
     the draft vocabulary from `token_counts`, lm_head rows from the target's (when `init_lm_head`), fc random
@@ -493,6 +555,9 @@ def build_draft(
         draft_vocab_size=draft_vocab_size,
         aux_layer_ids=aux_layer_ids,
         norm_before_residual=norm_before_residual,
+        num_hidden_layers=num_hidden_layers,
+        fc_norm=fc_norm,
+        norm_output=norm_output,
         target_name=getattr(target, "path", "") or getattr(target, "name", ""),
         target_config_hash=getattr(target, "config_hash", ""),
     )
@@ -532,5 +597,8 @@ def flops_per_token(cfg: DraftConfig, ttt_steps: int) -> float:
     layer = (
         2 * H * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d + cfg.num_attention_heads * d * H
     )
-    layer += 3 * H * cfg.intermediate_size + H * cfg.draft_vocab_size
+    later = layer - H * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d  # q/k/v read H, not 2H
+    layer += 3 * H * cfg.intermediate_size + H * cfg.draft_vocab_size + (cfg.num_hidden_layers - 1) * (
+        later + 3 * H * cfg.intermediate_size
+    )
     return 2.0 * 3 * (3 * cfg.target_hidden_size * H + ttt_steps * layer)

@@ -67,6 +67,9 @@ def published_config(meta: dict, kind: str) -> DraftConfig:
             norm_before_residual=bool(
                 meta.get("norm_before_residual", layer.get("norm_before_residual", False))
             ),
+            num_hidden_layers=int(layer.get("num_hidden_layers") or 1),
+            fc_norm=bool(meta.get("fc_norm", layer.get("fc_norm", False))),
+            norm_output=bool(meta.get("norm_output", layer.get("norm_output", False))),
             hidden_act=layer.get("hidden_act", "silu"),
             attention_bias=bool(layer.get("attention_bias", False)),
             mlp_bias=bool(layer.get("mlp_bias", False)),
@@ -95,6 +98,9 @@ def published_state(path: str | Path, cfg: DraftConfig) -> dict[str, torch.Tenso
         name = name.removeprefix("model.")
         if name.startswith("layers.0."):
             name = "midlayer." + name.removeprefix("layers.0.")
+        elif name.startswith("layers."):  # a deeper draft's layer j >= 1
+            j, rest = name.removeprefix("layers.").split(".", 1)
+            name = f"later_layers.{int(j) - 1}.{rest}"
         state[name] = t
     if "d2t" not in state:  # the full vocabulary: the identity map
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)

@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 from specdraft.model.checkpoint import draft_dir, load_draft_config
+from specdraft.train.losses import parse_loss
 from specdraft.train.metrics import tracker_problems
 
 
@@ -38,7 +39,16 @@ class TrainConfig:
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
-    hard_weight: float = 0.0  # loss: (1 - w) x KL to the target + w x cross-entropy on its argmax
+    hard_weight: float = 0.0  # loss: (1 - w) x the soft loss (--loss) + w x cross-entropy on the target's argmax
+    loss: str = "kl"
+    """the soft loss against the target's distribution: kl, rkl (reverse KL), jsd, tv (1 - acceptance), nla (-log acceptance), lk (KL/TV blend by acceptance), or a weighted sum such as 0.5*kl+0.5*tv"""
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux layer's hidden state before fc
+    norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden state back across TTT steps (and when served)
+    noise: Literal["none", "uniform", "gaussian"] = "none"
+    """noise on the target's aux features while training, --noise-scale times each state's RMS per token: none, uniform (U(-1, 1)), gaussian"""
+    noise_scale: float = 0.0  # --noise: its size relative to each aux state's RMS
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw, or muon: Muon (orthogonalised momentum) on the draft's hidden matrices, AdamW on lm_head, norms and biases"""
     prompt_loss: bool = False  # also train on prompt tokens (the target is the teacher there too)
     epochs: int = 1  # passes over the training split
     steps_per_batch: int = 1  # optimizer steps per batch, each on the next contiguous 1/N of every row's scored tokens (full context each time)
@@ -82,11 +92,13 @@ class TrainConfig:
     progress: bool = True  # show a progress bar
     draft: str = "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
     block_size: int = 8  # --draft dflash: tokens per block, the anchor then block_size - 1 drafted
-    draft_layers: int = 1  # --draft dflash: decoder layers of the draft
+    draft_layers: int = 1  # decoder layers of the draft (EAGLE-3: the first reads 2H, later ones H)
     anchors: int = 64  # --draft dflash: blocks (anchors) sampled per sequence per step
     mask_token_id: int = -1
     """--draft dflash: token id the served format puts in mask slots (-1 = the last vocabulary row)"""
     train_mask_embedding: bool = True  # --draft dflash: train the mask slots' embedding (vLLM reads it from mask_embedding.pt); off keeps the target's embedding of --mask-token-id, which SGLang needs
+    position_weights: Literal["exp", "dpace"] = "exp"
+    """--draft dflash: weight of block slot i in the loss: exp (exp(-(i-1)/gamma)) or dpace (the chance the block reaches slot i: the draft's probability of every earlier label, detached)"""
 
     def problems(self) -> list[str]:
         """Every user error in these settings (empty when all is well)."""
@@ -114,6 +126,22 @@ class TrainConfig:
             errs.append("--ema with --fsdp is not supported yet (the average is kept whole): drop one")
         if self.draft not in ("eagle3", "dflash"):
             errs.append(f"--draft must be eagle3 or dflash, not {self.draft!r}")
+        errs += unused_problems(self)
+        try:
+            parse_loss(self.loss)
+        except ValueError as e:
+            errs.append(str(e))
+        if self.noise not in ("none", "uniform", "gaussian") or self.noise_scale < 0:
+            errs.append(f"--noise must be none, uniform or gaussian and --noise-scale not negative, not "
+                        f"{self.noise!r} and {self.noise_scale}")  # fmt: skip
+        elif (self.noise == "none") != (self.noise_scale == 0):
+            errs.append("--noise and --noise-scale go together: give both (e.g. --noise uniform --noise-scale 0.05)")
+        if self.optimizer not in ("adamw", "muon"):
+            errs.append(f"--optimizer must be adamw or muon, not {self.optimizer!r}")
+        elif self.optimizer == "muon" and self.fsdp:
+            errs.append("--optimizer muon with --fsdp is not supported (Muon orthogonalises whole matrices): drop one")
+        if self.position_weights not in ("exp", "dpace"):
+            errs.append(f"--position-weights must be exp or dpace, not {self.position_weights!r}")
         if self.fc_init not in ("random", "high"):
             errs.append(f"--fc-init must be random or high, not {self.fc_init!r}")
         if self.schedule not in ("cosine", "linear", "constant", "wsd"):
@@ -151,6 +179,23 @@ class TrainConfig:
         return errs
 
 
+# the settings one draft kind does not use: away from their default they are refused, never recorded and ignored
+EAGLE3_ONLY = ("loss", "fc_norm", "norm_output", "noise", "noise_scale", "ttt_steps", "decay", "oov_mask",
+               "hard_weight", "fc_init", "norm_before_residual")  # fmt: skip
+DFLASH_ONLY = ("block_size", "anchors", "mask_token_id", "train_mask_embedding", "position_weights")
+
+
+def unused_problems(cfg: TrainConfig) -> list[str]:
+    """Settings given away from their default for a draft kind that does not use them, each with the fix."""
+    if cfg.draft == "eagle3":
+        names, other = DFLASH_ONLY, "--draft dflash"
+    else:
+        names, other = EAGLE3_ONLY, "EAGLE-3 (the default --draft eagle3)"
+    off = [k for k in names if getattr(cfg, k) != getattr(_DEFAULTS, k)]
+    return [f"--draft {cfg.draft} does not use {flags({k: getattr(cfg, k)})}: it is a setting of {other}; drop it"
+            for k in off]  # fmt: skip
+
+
 def flags(settings: dict) -> str:
     """`train`'s command-line spelling of TrainConfig settings (a bool is --flag / --no-flag)."""
     flag = lambda k: k.replace("_", "-")  # noqa: E731
@@ -179,11 +224,11 @@ def init_problems(cfg: TrainConfig) -> list[str]:
     if dc.draft_vocab_size != cfg.draft_vocab_size:
         errs.append(f"--init-from {p} has a draft vocabulary of {dc.draft_vocab_size} tokens: pass "
                     f"--draft-vocab-size {dc.draft_vocab_size} (the vocabulary is the draft's)")  # fmt: skip
-    if dc.norm_before_residual != cfg.norm_before_residual:
-        flag = flags({"norm_before_residual": dc.norm_before_residual})
-        errs.append(
-            f"--init-from {p} was built with norm_before_residual={dc.norm_before_residual}: pass {flag}"
-        )
+    for key, ours, theirs in (("norm_before_residual", cfg.norm_before_residual, dc.norm_before_residual),
+                              ("fc_norm", cfg.fc_norm, dc.fc_norm), ("norm_output", cfg.norm_output, dc.norm_output),
+                              ("draft_layers", cfg.draft_layers, dc.num_hidden_layers)):  # fmt: skip
+        if ours != theirs:
+            errs.append(f"--init-from {p} was built with {key}={theirs}: pass {flags({key: theirs})}")
     return errs
 
 

@@ -49,6 +49,8 @@ from specdraft.train.checkpoint import (
 )
 from specdraft.train.config import _DEFAULTS, TrainConfig
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
+from specdraft.train.losses import parse_loss
+from specdraft.train.optim import make_optimizer
 from specdraft.train.metrics import MetricsLog
 from specdraft.train.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup, warm_problems
@@ -197,13 +199,15 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     ck_head = head_checkpointing(cfg.checkpoint_head, cfg.ttt_steps, cfg.max_tokens // world,
                                  st.draft.cfg.draft_vocab_size)  # fmt: skip
     model = TTTModel(st.draft, cfg.ttt_steps, cfg.decay, ck_head, cfg.attention_chunk, cfg.checkpoint_layer,
-                     hard_weight=cfg.hard_weight)  # fmt: skip
+                     hard_weight=cfg.hard_weight, loss_terms=parse_loss(cfg.loss), noise=cfg.noise,
+                     noise_scale=cfg.noise_scale)  # fmt: skip
     wrapped = wrap_model(model, world, cfg.fsdp, device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.draft.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     if rank == 0:
         _check_disk(out_dir, sum(p.numel() for p in params), cfg.keep_checkpoints, 4 if cfg.ema else 3,
                     *_frozen_bytes(st.draft, st.embed_source is not None))  # fmt: skip
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(named, cfg.optimizer, cfg.lr, cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total))
     info = {
         "config": asdict(cfg),

@@ -210,7 +210,8 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
         draft, prov["init_from"] = warm_draft(cfg.init_from, tgt, layer_ids[:3])
     else:
         draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
-                            cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init)  # fmt: skip
+                            cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init, num_hidden_layers=cfg.draft_layers,
+                            fc_norm=cfg.fc_norm, norm_output=cfg.norm_output)  # fmt: skip
     teacher = TeacherHead(tgt, draft.t2d).to(device)
     prov.update({"target": getattr(tgt, "path", "") or tgt.name, "target_config_hash": tgt.config_hash})
     embed = getattr(tgt, "embed_source", None)  # offline: checkpoints reference the target's embedding

@@ -47,6 +47,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
 from specdraft.model.draft import Eagle3Draft, apply_rotary
+from specdraft.train.losses import divergence
 
 
 class TeacherHead(nn.Module):
@@ -255,11 +256,13 @@ def _put(x: torch.Tensor, idx: torch.Tensor, T: int, dim: int = 1) -> torch.Tens
 def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: int, idx=None) -> tuple:
     """The draft's forward (`Eagle3Draft.forward`, compute_logits=False) with `ttt_attention`.
 
-    ids (B, T), hidden (B, T, H), pos (B, T), past: the (k, v) of the earlier steps (step 0's over every
-    slot, later ones at the live slots). idx (B, L): the live slots (None: all). Step 0 computes its keys
-    and values at every slot (they are every later query's causal prefix) and the rest at the live slots;
-    later steps compute only at the live slots. Returns hidden_out (B, L, H) and this step's k, v (B, nkv,
-    T or L, d). Equal to the draft's own forward with a `DraftKVCache` (tests/test_ttt.py).
+    ids (B, T), hidden (B, T, H), pos (B, T), past: per earlier step, the (k, v) of each decoder layer
+    (step 0's over every slot, later ones at the live slots). idx (B, L): the live slots (None: all). Step 0
+    computes its keys and values at every slot (they are every later query's causal prefix) and the rest at
+    the live slots (a deeper draft's step 0 runs at every slot: its later layers' keys need every slot's
+    output); later steps compute only at the live slots. Returns hidden_out (B, L, H) and this step's
+    ((k, v) per layer) (B, nkv, T or L, d). Equal to the draft's own forward with a `DraftKVCache`
+    (tests/test_ttt.py).
     """
     layer, attn, cfg = draft.midlayer, draft.midlayer.self_attn, draft.cfg
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -280,11 +283,24 @@ def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: i
         cos, sin = _take(cos, idx, 2), _take(sin, idx, 2)  # (B, 1, L, d) each
     L = x.shape[1]
     q = apply_rotary(attn.q_proj(x).view(B, L, nh, d).transpose(1, 2), cos, sin)  # (B, nh, L, d)
-    a = (
-        ttt_attention(q, [*past, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)
-    )  # (B, L, nh*d)
+    past0 = [p[0] for p in past]  # layer 0's (k, v) of the earlier steps
+    a = ttt_attention(q, [*past0, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)  # (B, L, nh*d)
     residual = residual + attn.o_proj(a)  # (B, L, H)
-    return residual + layer.mlp(layer.post_attention_layernorm(residual)), k, v  # (B, L, H)
+    x = residual + layer.mlp(layer.post_attention_layernorm(residual))  # (B, L, H)
+    kvs = [(k, v)]
+    for j, later in enumerate(getattr(draft, "later_layers", ())):  # deeper drafts: the same attention pattern
+        assert not (first and idx is not None), "a deeper draft's step 0 runs at every slot"
+        y = later.input_layernorm(x)  # (B, L, H)
+        at = later.self_attn
+        q = apply_rotary(at.q_proj(y).view(B, L, nh, d).transpose(1, 2), cos, sin)  # (B, nh, L, d)
+        k = apply_rotary(at.k_proj(y).view(B, L, nkv, d).transpose(1, 2), cos, sin)  # (B, nkv, L, d)
+        v = at.v_proj(y).view(B, L, nkv, d).transpose(1, 2)  # (B, nkv, L, d)
+        pj = [p[j + 1] for p in past]
+        a = ttt_attention(q, [*pj, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)
+        x = x + at.o_proj(a)  # (B, L, H)
+        x = x + later.mlp(later.post_attention_layernorm(x))  # (B, L, H)
+        kvs.append((k, v))
+    return draft.output(x), tuple(kvs)  # (B, L, H), ((B, nkv, T|L, d) x 2) per layer
 
 
 def live_slots(loss_mask: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
@@ -332,21 +348,22 @@ def ttt_unroll(
     ids = F.pad(input_ids, (0, ttt_steps + 1))  # (B, T + K + 1)
     pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
     h = draft.fuse(aux)  # (B, T, 3H) -> (B, T, H)
-    keys: list = []  # step 0's (k, v) over every slot; later steps' (B, nkv, T, d), 0 at dead slots
+    keys: list = []  # per step, (k, v) per layer: step 0's over every slot; later steps' (B, nkv, T, d), 0 at dead slots
     ck = checkpoint_layer and torch.is_grad_enabled()
+    deep = draft.cfg.num_hidden_layers > 1
     for i in range(ttt_steps):
-        idx = None if live is None else _live_index(live[i])  # (B, L) or None
+        idx = None if live is None or (deep and i == 0) else _live_index(live[i])  # (B, L) or None
         ids_i = ids[:, 1 + i : 1 + i + T]  # (B, T): shifted by 1 + i, token x_{t+1+i} at slot t
-        past = keys[:1] + [
-            (k, v) if idx is None else (_take(k, idx, 2), _take(v, idx, 2)) for k, v in keys[1:]
-        ]
+        take = lambda kv: kv if idx is None else (_take(kv[0], idx, 2), _take(kv[1], idx, 2))  # noqa: E731
+        past = keys[:1] + [tuple(take(kv) for kv in step) for step in keys[1:]]
         args = (draft, ids_i, h, pos + i, tuple(past), chunk_elems, idx)  # positions shifted by i
-        out, k, v = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
+        out, kvs = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
         if idx is not None:  # back to every slot: (B, L, H) -> (B, T, H), (B, nkv, L, d) -> (B, nkv, T, d)
             out = _put(out, idx, T)
-            k, v = (k, v) if i == 0 else (_put(k, idx, T, 2), _put(v, idx, T, 2))
+            if i > 0:
+                kvs = tuple((_put(k, idx, T, 2), _put(v, idx, T, 2)) for k, v in kvs)
         h = out
-        keys.append((k, v))  # (B, nkv, T, d) each
+        keys.append(kvs)  # (B, nkv, T, d) each
         yield h  # (B, T, H)
 
 
@@ -364,10 +381,12 @@ def _head_stats(
     top: torch.Tensor,
     kl_mask: torch.Tensor,
     hard_weight: float = 0.0,
+    terms: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sums of the loss and of KL(teacher || draft) (both over kl_mask), and of top-1 agreement, over M
-    scored slots. The loss is (1 - hard_weight) x KL + hard_weight x the cross-entropy against the target's
-    full-vocabulary argmax (a one-hot label; none where that argmax is outside the draft vocabulary).
+    scored slots. The loss is (1 - hard_weight) x the soft loss (`terms`, `losses.divergence`: KL by default)
+    + hard_weight x the cross-entropy against the target's full-vocabulary argmax (a one-hot label; none where
+    that argmax is outside the draft vocabulary).
 
     h (M, H) the draft's hidden states at the scored slots only (lm_head never runs elsewhere), rows (M,)
     their teacher rows in teacher_p (N, Vd) and teacher_negent (N,), top (M,) the draft index of the
@@ -376,16 +395,22 @@ def _head_stats(
     once per batch; the second is one fused soft-target cross-entropy (log-softmax and its backward in
     one kernel, no (M, Vd) temporaries of our own).
     """
-    logits = draft.compute_logits(h).float()  # (M, Vd)
-    ce = F.cross_entropy(logits, teacher_p[rows], reduction="none")  # (M,): - sum p log q
-    kl = ce + teacher_negent[rows]  # (M,)
+    logits = _wide(draft.compute_logits(h))  # (M, Vd) fp32 (fp64 in fp64 tests)
     agree = (logits.argmax(-1) == top).float()  # (M,): log-softmax keeps the argmax
-    kl_sum = (kl * kl_mask).sum()
+    if hard_weight == 1:  # the argmax loss alone: the soft loss is only reported
+        with torch.no_grad():
+            kl = F.cross_entropy(logits, teacher_p[rows], reduction="none") + teacher_negent[rows]  # (M,)
+        soft = None
+    else:
+        soft, kl = divergence(terms or {"kl": 1.0}, logits, teacher_p[rows], teacher_negent[rows])  # (M,) each
+    kl_sum = (kl * kl_mask).sum().detach()
     if hard_weight == 0:
-        return kl_sum, kl_sum.detach(), agree.sum().detach()
+        return (soft * kl_mask).sum(), kl_sum, agree.sum().detach()
     hard_ce = F.cross_entropy(logits, top.clamp(min=0), reduction="none") * (top >= 0)  # (M,)
-    loss = (1 - hard_weight) * kl_sum + hard_weight * (hard_ce * kl_mask).sum()
-    return loss, kl_sum.detach(), agree.sum().detach()
+    loss = hard_weight * (hard_ce * kl_mask).sum()
+    if soft is not None:
+        loss = loss + (1 - hard_weight) * (soft * kl_mask).sum()
+    return loss, kl_sum, agree.sum().detach()
 
 
 def head_checkpointing(setting: str, ttt_steps: int, tokens: int, vocab: int, budget: int = 2 << 30) -> bool:
@@ -409,9 +434,14 @@ class TTTModel(nn.Module):
         checkpoint_layer: bool = False,
         skip_dead: bool = True,
         hard_weight: float = 0.0,
+        loss_terms: dict | None = None,
+        noise: str = "none",
+        noise_scale: float = 0.0,
     ):
         super().__init__()
-        self.hard_weight = hard_weight  # loss: (1 - w) KL + w cross-entropy on the target's argmax
+        self.hard_weight = hard_weight  # loss: (1 - w) soft loss + w cross-entropy on the target's argmax
+        self.loss_terms = dict(loss_terms or {"kl": 1.0})  # the soft loss (`losses.parse_loss`)
+        self.noise, self.noise_scale = noise, noise_scale  # training-only noise on the aux features
         self.skip_dead = skip_dead  # compute each TTT step only at its live slots (`live_slots`)
         self.draft = draft
         self.ttt_steps = ttt_steps
@@ -451,6 +481,8 @@ class TTTModel(nn.Module):
         """
         T = input_ids.shape[1]
         K = self.ttt_steps
+        if self.noise != "none" and self.noise_scale > 0 and torch.is_grad_enabled():
+            aux = feature_noise(aux, self.noise, self.noise_scale, self.draft.cfg.target_hidden_size)
         lmask = F.pad(loss_mask, (0, K + 2))  # (B, T + K + 2)
         kmask = F.pad(kl_mask, (0, K + 2))  # (B, T + K + 2)
         loss = aux.new_zeros((), dtype=torch.float32)
@@ -477,7 +509,7 @@ class TTTModel(nn.Module):
             rows = teacher_row[:, 1 + i : 1 + i + n][scored]  # (M,) teacher rows of the scored slots
             assert bool((rows >= 0).all()), "a scored slot without its teacher row (teacher_positions)"
             args = (h[:, :n][scored], rows, teacher_p, teacher_negent, teacher_top[:, 1 + i : 1 + i + n][scored],
-                    kmask[:, 2 + i : 2 + i + n][scored], self.hard_weight)  # (M, H), (M,), (N, Vd), (N,), (M,), (M,)  # fmt: skip
+                    kmask[:, 2 + i : 2 + i + n][scored], self.hard_weight, self.loss_terms)  # (M, H), (M,), (N, Vd), (N,), (M,), (M,)  # fmt: skip
             if self.checkpoint_head and torch.is_grad_enabled():
                 li, kl, agree = grad_checkpoint(_head_stats, self.draft, *args, use_reentrant=False)
             else:
@@ -486,6 +518,16 @@ class TTTModel(nn.Module):
             kl_sums.append(kl)
             agree_sums.append(agree)
         return loss, torch.stack(kl_sums), torch.stack(agree_sums)  # (), (K,), (K,)
+
+
+def feature_noise(aux: torch.Tensor, kind: str, scale: float, width: int) -> torch.Tensor:
+    """aux (B, T, n * width) with noise on each aux layer's state, relative to its size: x + scale * rms(x) * u,
+    u ~ U(-1, 1) (uniform, EAGLE's regulariser) or N(0, 1) (gaussian), rms per token and layer. Drawn from the
+    global generator, whose state every checkpoint keeps (a resumed run draws the same noise)."""
+    x = aux.unflatten(-1, (-1, width))  # (B, T, 3H) -> (B, T, 3, H)
+    rms = x.float().pow(2).mean(-1, keepdim=True).sqrt().to(x.dtype)  # (B, T, 3, 1)
+    u = torch.rand_like(x) * 2 - 1 if kind == "uniform" else torch.randn_like(x)  # (B, T, 3, H)
+    return (x + scale * rms * u).flatten(-2)  # (B, T, 3H)
 
 
 def teacher_positions(loss_mask: torch.Tensor) -> torch.Tensor:

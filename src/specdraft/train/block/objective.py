@@ -11,6 +11,9 @@ Per sequence of T tokens x_0 .. x_{T-1} with target features f_t and a loss mask
     nothing of another block;
   - the loss: cross-entropy at slot i weighted by exp(-(i-1)/gamma) (early slots matter most: a draft
     token counts only if all before it are accepted), averaged over the weights of the labelled slots;
+    with `weights="dpace"` (`--position-weights dpace`, position-aware cross-entropy) slot i is weighted
+    instead by the chance that verification reaches it, as the draft stands: the product of the draft's own
+    probabilities of the labels at slots 1 .. i-1 of that block (detached; 0 after an unlabelled slot);
   - metrics: accuracy per block slot, and the accepted length of each block (its leading correct slots,
     what greedy verification would keep), whose mean + 1 is the block's tau.
 
@@ -146,6 +149,20 @@ def _chunk_logits(draft: DFlashDraft, ctx, ctx_pos, bids, bmask, bpos, anchors, 
     return draft(bids[None], bmask[None], bpos[None], kv, m)[0]  # (n * Q, Vd)
 
 
+def dpace_weights(logits: torch.Tensor, labels: torch.Tensor, Q: int) -> torch.Tensor:
+    """(n * Q,) D-PACE weights: slot i >= 1 of a block gets prod_{1 <= j < i} q_j(label_j), the draft's
+    probability of reaching it (detached); the anchor slot 0, and every slot after an unlabelled one, 0."""
+    with torch.no_grad():
+        has = labels != IGNORE
+        lp = F.log_softmax(logits.float(), -1).gather(-1, labels.clamp(min=0)[:, None])[:, 0]  # (n * Q,)
+        lp = torch.where(has, lp, torch.full_like(lp, float("-inf"))).view(-1, Q)  # (n, Q)
+        lp[:, 0] = 0.0  # the anchor is given
+        before = F.pad(torch.cumsum(lp, 1)[:, :-1], (1, 0))  # (n, Q): sum over slots 0 .. i-1
+        w = torch.exp(before)  # (n, Q)
+        w[:, 0] = 0.0
+        return w.flatten() * has  # (n * Q,)
+
+
 def block_loss(
     draft: DFlashDraft,
     aux: torch.Tensor,
@@ -154,6 +171,7 @@ def block_loss(
     anchors: torch.Tensor,
     chunk: int = 16,
     grad: bool = True,
+    weights: str = "exp",
 ) -> tuple[torch.Tensor, BlockStats]:
     """Sum of decayed cross-entropies over the blocks of one sequence (aux (T, A), ids (T,), loss_mask (T,))
     and its stats. Divide by `BlockStats.weight` summed over the batch for the mean loss. With `grad`, each
@@ -179,7 +197,7 @@ def block_loss(
             logits = _chunk_logits(draft, ctx, ctx_pos, bids, bmask, bpos, a, Q)
         ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")  # (n * Q,)
         has = labels != IGNORE
-        w = w_slot.repeat(a.numel()) * has  # (n * Q,)
+        w = dpace_weights(logits, labels, Q) if weights == "dpace" else w_slot.repeat(a.numel()) * has  # (n * Q,)
         total = total + (ce * w).sum()
         with torch.no_grad():
             right = (logits.argmax(-1) == labels) & has  # (n * Q,)
@@ -194,7 +212,7 @@ def block_loss(
 
 
 def batch_loss(
-    draft, batch, anchors: list[torch.Tensor], chunk: int
+    draft, batch, anchors: list[torch.Tensor], chunk: int, weights: str = "exp"
 ) -> tuple[torch.Tensor | None, BlockStats]:
     """The summed block losses of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...] at their `anchors`
     (None without a sequence), and their stats; divide by the (global) `BlockStats.weight` for the mean."""
@@ -202,7 +220,7 @@ def batch_loss(
     stats = BlockStats(draft.cfg.block_size)
     losses = []
     for (aux, ids, lm), a in zip(batch, anchors):
-        loss, st = block_loss(draft, aux, ids, lm, a, chunk, grad=True)
+        loss, st = block_loss(draft, aux, ids, lm, a, chunk, grad=True, weights=weights)
         losses.append(loss)
         stats.add(st)
     return (sum(losses) if losses else None), stats

@@ -69,6 +69,7 @@ from specdraft.train.block.sharded import BlockModel, full_states, load_optimize
 from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
 from specdraft.train.metrics import MetricsLog
+from specdraft.train.optim import make_optimizer
 
 # settings --draft dflash refuses away from their default, and why (none today: the table stays for the next)
 UNSUPPORTED: dict[str, tuple[object, str]] = {}
@@ -145,9 +146,10 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
                          "pass --target with the extraction's model")  # fmt: skip
     draft, start, resumed, init_from = start_draft(cfg, data, tgt, out)
     sharded = cfg.fsdp and world > 1
-    model = wrap(draft.to(device), sharded)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    model = wrap(draft.to(device), sharded, cfg.position_weights)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    opt = make_optimizer(named, cfg.optimizer, cfg.lr, cfg.weight_decay)
     if resumed is not None:
         load_optimizer(model, opt, torch.load(resumed / "optimizer.pt", weights_only=True), sharded)
     if not epoch_batches(data, cfg.max_tokens, cfg.seed, 0):
