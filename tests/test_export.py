@@ -385,3 +385,43 @@ def test_serve_commands_follow_the_table(monkeypatch):
     narrowed = tuple(dataclasses.replace(f, first="0.17.0") if not f.needs else f for f in widened)
     monkeypatch.setattr(ex, "SERVE_FORMS", narrowed)
     assert not any("--speculative-config" in c for c in ex.serve_commands("/t", "/x", None, 3))
+
+
+# the 1-layer default export's names and config keys as they were before EAGLE-3.1 and deeper drafts existed
+_DEFAULT_NAMES = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
+    f"layers.0.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm",
+                                     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}  # fmt: skip
+_DEFAULT_KEYS = {"architectures", "speculators_model_type", "speculators_version", "transformer_layer_config",
+                 "speculators_config", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
+                 "eagle_aux_hidden_state_layer_ids", "torch_dtype", "specdraft_version"}  # fmt: skip
+
+
+def test_default_export_unchanged_and_variants_carry_their_keys(target):
+    """The default (1 layer, no EAGLE-3.1) writes exactly the names and keys it always wrote; EAGLE-3.1 adds
+    fc_norm / norm_output and fc_norm.{0,1,2}; a 3-layer draft adds layers.1 and layers.2, whose q/k/v read H;
+    the eagle3 format (SGLang's one plain layer) refuses either, naming the fix."""
+    base = make_draft(target)
+    assert set(export_state(base, "speculators")) == _DEFAULT_NAMES
+    cfg = export_config(base.cfg, "speculators", "tiny", 3, "float32")
+    assert set(cfg) == _DEFAULT_KEYS and cfg["transformer_layer_config"]["num_hidden_layers"] == 1
+    v31 = make_draft(target, fc_norm=True, norm_output=True)
+    c31, s31 = export_config(v31.cfg, "speculators", "tiny", 3, "float32"), export_state(v31, "speculators")
+    assert c31["fc_norm"] is True and c31["norm_output"] is True
+    assert set(s31) == _DEFAULT_NAMES | {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+    assert validate(c31, s31, "speculators", target.vocab_size, 6) == []
+    deep = make_draft(target, num_hidden_layers=3)
+    cd, sd = export_config(deep.cfg, "speculators", "tiny", 3, "float32"), export_state(deep, "speculators")
+    assert cd["transformer_layer_config"]["num_hidden_layers"] == 3 and "fc_norm" not in cd
+    H = target.hidden_size
+    assert sd["layers.2.self_attn.q_proj.weight"].shape[1] == H and "layers.2.hidden_norm.weight" not in sd
+    assert validate(cd, sd, "speculators", target.vocab_size, 6) == []
+    sd["layers.1.self_attn.q_proj.weight"] = torch.zeros(8, 2 * H)
+    assert any(
+        "layers.1.self_attn.q_proj.weight must read H" in p
+        for p in validate(cd, sd, "speculators", target.vocab_size, 6)
+    )
+    from specdraft.export import sglang_problems
+
+    assert sglang_problems(base.cfg) == []
+    assert "--format speculators" in sglang_problems(deep.cfg)[0]

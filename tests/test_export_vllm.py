@@ -116,6 +116,59 @@ def test_round_trip_both_formats_lossless_and_consistent_with_the_reference(trai
     assert saved["drafts"][names[0]]["tau"] == pytest.approx(a["tau"])
 
 
+@pytest.fixture(scope="module")
+def variants(trained):
+    """Two more drafts from the same shards and settings: EAGLE-3.1 (per-layer fc norms, the post-norm state fed
+    back) and a 2-layer EAGLE-3, each exported in the speculators format (issue 45)."""
+    out = {}
+    for name, change in (("eagle31", {"fc_norm": True, "norm_output": True}), ("layers2", {"draft_layers": 2})):
+        cfg = TrainConfig(draft_vocab_size=4096, ttt_steps=3, lr=3e-3, max_steps=30, epochs=100, max_tokens=256,
+                          max_length=256, val_fraction=0.0, checkpoint_every=1000, progress=False, tensorboard=False,
+                          prefetch=False, **change)  # fmt: skip
+        final = train(str(trained.dir / "shards"), str(trained.dir / f"train_{name}"), cfg)
+        assert export(str(final), str(trained.dir / f"export_{name}"), format="speculators", k=K) == 0
+        out[name] = SimpleNamespace(final=Path(final), export=trained.dir / f"export_{name}")
+    return out
+
+
+def test_eagle31_and_two_layer_exports_served_lossless(trained, variants, record_property):
+    """vLLM builds what the exports say (fc_norm and norm_output read from the speculators config, layers.1
+    loaded), serves both behind the target with output identical to the target alone, and drafts with them."""
+    names = [str(v.export) for v in variants.values()]
+    cfg31 = json.loads((variants["eagle31"].export / "config.json").read_text())
+    assert cfg31["fc_norm"] is True and cfg31["norm_output"] is True
+    cfg2 = json.loads((variants["layers2"].export / "config.json").read_text())
+    assert cfg2["transformer_layer_config"]["num_hidden_layers"] == 2 and "fc_norm" not in cfg2
+    report = evaluate_vllm(names, prompts="mtbench", max_prompts=PROMPTS, k=K, max_new_tokens=NEW_TOKENS,
+                           out=str(trained.dir / "eval_variants"), progress=False)  # fmt: skip
+    record_property("summary", " | ".join(summary_lines(report)))
+    for name in names:
+        d = report["drafts"][name]
+        assert d["lossless"]["ok"], d["lossless"]["divergences"]
+        assert d["rounds"] > 0 and d["draft_tokens"] == K * d["rounds"]
+
+
+@pytest.mark.parametrize("variant", ["eagle31", "layers2"])
+def test_variant_logits_equal_the_draft_vllm_loaded(trained, variants, variant, record_property):
+    """Our EAGLE-3.1 and 2-layer drafts recompute every call vLLM made to the draft it loaded: vLLM reads the
+    norms, the fed-back state and the second layer as we train them."""
+    target_dir = str(resolve_target_dir("smollm2-135m"))
+    prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
+    v = variants[variant]
+    with VLLMEngine(target_dir, str(v.export), k=K, max_model_len=len(prompt) + 64, capture_drafter=True) as eng:
+        eng.start_drafter_capture()
+        eng.generate([prompt], 8)
+        capture = eng.pop_drafter_capture()
+        eng.stop_drafter_capture()
+    res = drafter_parity(load_draft(v.final), capture)
+    record_property("parity", json.dumps(res))
+    assert res["first_passes"] >= 2 and res["chain_steps"] >= 2 * (K - 1)
+    diff, scale = res["max_abs_diff"], res["scale"]
+    assert diff["logits"] <= 1e-3, res
+    assert diff["fc"] <= 1e-5 * scale["fc"] and diff["hidden"] <= 1e-5 * scale["hidden"], res
+    assert res["top1_agreement"] == 1.0
+
+
 def _mutated(src: Path, dst: Path, mutation: str) -> Path:
     shutil.copytree(src, dst)
     if mutation == "norm_before_residual_flipped":

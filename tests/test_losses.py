@@ -63,7 +63,9 @@ def test_each_loss_value_and_gradient_against_its_formula(name):
     torch.testing.assert_close(loss, want_loss, rtol=1e-10, atol=1e-12)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(kl_sum, (direct("kl", logits, p) * mask).sum().detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        kl_sum, (direct("kl", logits, p) * mask).sum().detach(), rtol=1e-10, atol=1e-12
+    )
     assert float(loss.detach()) > 0
 
 
@@ -95,7 +97,11 @@ def test_parse_loss():
     assert parse_loss("kl") == {"kl": 1.0}
     assert parse_loss("0.5*kl+0.5*tv") == {"kl": 0.5, "tv": 0.5}
     assert parse_loss("lk + 2*jsd") == {"lk": 1.0, "jsd": 2.0}
-    for bad, says in [("ce", "unknown loss 'ce'"), ("x*kl", "'x' is not a number"), ("-1*kl", "must be positive")]:
+    for bad, says in [
+        ("ce", "unknown loss 'ce'"),
+        ("x*kl", "'x' is not a number"),
+        ("-1*kl", "must be positive"),
+    ]:
         with pytest.raises(ValueError, match=says):
             parse_loss(bad)
 

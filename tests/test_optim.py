@@ -13,7 +13,11 @@ def test_muon_and_adamw_groups_match_torch():
     torch.optim.AdamW to float precision; the Muon share equals torch.optim.Muon (match_rms_adamw), which runs
     its Newton-Schulz iterations in bf16 where ours run in the weight's dtype (to bf16's precision)."""
     g = torch.Generator().manual_seed(0)
-    w0, b0, h0 = torch.randn(24, 16, generator=g), torch.randn(24, generator=g), torch.randn(10, 24, generator=g)
+    w0, b0, h0 = (
+        torch.randn(24, 16, generator=g),
+        torch.randn(24, generator=g),
+        torch.randn(10, 24, generator=g),
+    )
     grads = [(torch.randn(24, 16, generator=g), torch.randn(24, generator=g), torch.randn(10, 24, generator=g))
              for _ in range(3)]  # fmt: skip
     ours = [nn.Parameter(t.clone()) for t in (w0, b0, h0)]
@@ -30,7 +34,9 @@ def test_muon_and_adamw_groups_match_torch():
     torch.testing.assert_close(ours[1], theirs[1])
     torch.testing.assert_close(ours[2], theirs[2])
     moved = (theirs[0] - w0).abs().max()
-    torch.testing.assert_close(ours[0].detach(), theirs[0].detach(), atol=0.02 * float(moved.detach()), rtol=0)
+    torch.testing.assert_close(
+        ours[0].detach(), theirs[0].detach(), atol=0.02 * float(moved.detach()), rtol=0
+    )
     assert float(moved.detach()) > 0.01
 
 

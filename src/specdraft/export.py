@@ -171,8 +171,10 @@ def sglang_problems(cfg: DraftConfig) -> list[str]:
         extra.append(f"{cfg.num_hidden_layers} decoder layers")
     if not extra:
         return []
-    return [f"the draft has {', '.join(extra)}, which the eagle3 format's reader (SGLang) does not build: export "
-            "--format speculators (vLLM reads them), or train without them for SGLang"]
+    return [
+        f"the draft has {', '.join(extra)}, which the eagle3 format's reader (SGLang) does not build: export "
+        "--format speculators (vLLM reads them), or train without them for SGLang"
+    ]
 
 
 def validate(

@@ -71,7 +71,9 @@ class DraftConfig:
     norm_before_residual: bool = False  # residual is hidden_norm(h) instead of h (False = plain EAGLE-3)
     num_hidden_layers: int = 1  # decoder layers: the first reads cat(embedding, hidden) (2H), later ones H
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux hidden state before fc (vLLM's `fc_norm`)
-    norm_output: bool = False  # EAGLE-3.1: the next step's hidden state is the post-norm one (vLLM's `norm_output`)
+    norm_output: bool = (
+        False  # EAGLE-3.1: the next step's hidden state is the post-norm one (vLLM's `norm_output`)
+    )
     hidden_act: str = "silu"  # MLP activation
     attention_bias: bool = False  # biases on q/k/v/o projections
     mlp_bias: bool = False  # biases on the MLP projections
@@ -443,11 +445,15 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # a frozen copy of the target's embeddings
         if cfg.fc_norm:  # EAGLE-3.1: one norm per aux layer, low, mid, high
-            self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3)])
+            self.fc_norm = nn.ModuleList(
+                [RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3)]
+            )
         self.fc = nn.Linear(3 * cfg.target_hidden_size, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(cfg)
         if cfg.num_hidden_layers > 1:  # exported as layers.1 .. layers.N-1
-            self.later_layers = nn.ModuleList([LaterDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers - 1)])
+            self.later_layers = nn.ModuleList(
+                [LaterDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers - 1)]
+            )
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.rotary = Rotary(cfg)
@@ -598,7 +604,9 @@ def flops_per_token(cfg: DraftConfig, ttt_steps: int) -> float:
         2 * H * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d + cfg.num_attention_heads * d * H
     )
     later = layer - H * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d  # q/k/v read H, not 2H
-    layer += 3 * H * cfg.intermediate_size + H * cfg.draft_vocab_size + (cfg.num_hidden_layers - 1) * (
-        later + 3 * H * cfg.intermediate_size
+    layer += (
+        3 * H * cfg.intermediate_size
+        + H * cfg.draft_vocab_size
+        + (cfg.num_hidden_layers - 1) * (later + 3 * H * cfg.intermediate_size)
     )
     return 2.0 * 3 * (3 * cfg.target_hidden_size * H + ttt_steps * layer)

@@ -39,11 +39,15 @@ class TrainConfig:
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
-    hard_weight: float = 0.0  # loss: (1 - w) x the soft loss (--loss) + w x cross-entropy on the target's argmax
+    hard_weight: float = (
+        0.0  # loss: (1 - w) x the soft loss (--loss) + w x cross-entropy on the target's argmax
+    )
     loss: str = "kl"
     """the soft loss against the target's distribution: kl, rkl (reverse KL), jsd, tv (1 - acceptance), nla (-log acceptance), lk (KL/TV blend by acceptance), or a weighted sum such as 0.5*kl+0.5*tv"""
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux layer's hidden state before fc
-    norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden state back across TTT steps (and when served)
+    norm_output: bool = (
+        False  # EAGLE-3.1: feed the post-norm hidden state back across TTT steps (and when served)
+    )
     noise: Literal["none", "uniform", "gaussian"] = "none"
     """noise on the target's aux features while training, --noise-scale times each state's RMS per token: none, uniform (U(-1, 1)), gaussian"""
     noise_scale: float = 0.0  # --noise: its size relative to each aux state's RMS
@@ -135,11 +139,15 @@ class TrainConfig:
             errs.append(f"--noise must be none, uniform or gaussian and --noise-scale not negative, not "
                         f"{self.noise!r} and {self.noise_scale}")  # fmt: skip
         elif (self.noise == "none") != (self.noise_scale == 0):
-            errs.append("--noise and --noise-scale go together: give both (e.g. --noise uniform --noise-scale 0.05)")
+            errs.append(
+                "--noise and --noise-scale go together: give both (e.g. --noise uniform --noise-scale 0.05)"
+            )
         if self.optimizer not in ("adamw", "muon"):
             errs.append(f"--optimizer must be adamw or muon, not {self.optimizer!r}")
         elif self.optimizer == "muon" and self.fsdp:
-            errs.append("--optimizer muon with --fsdp is not supported (Muon orthogonalises whole matrices): drop one")
+            errs.append(
+                "--optimizer muon with --fsdp is not supported (Muon orthogonalises whole matrices): drop one"
+            )
         if self.position_weights not in ("exp", "dpace"):
             errs.append(f"--position-weights must be exp or dpace, not {self.position_weights!r}")
         if self.fc_init not in ("random", "high"):

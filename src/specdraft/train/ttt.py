@@ -284,11 +284,15 @@ def _ttt_layer(draft: Eagle3Draft, ids, hidden, pos, past: tuple, chunk_elems: i
     L = x.shape[1]
     q = apply_rotary(attn.q_proj(x).view(B, L, nh, d).transpose(1, 2), cos, sin)  # (B, nh, L, d)
     past0 = [p[0] for p in past]  # layer 0's (k, v) of the earlier steps
-    a = ttt_attention(q, [*past0, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)  # (B, L, nh*d)
+    a = (
+        ttt_attention(q, [*past0, (k, v)], chunk_elems, idx).transpose(1, 2).reshape(B, L, nh * d)
+    )  # (B, L, nh*d)
     residual = residual + attn.o_proj(a)  # (B, L, H)
     x = residual + layer.mlp(layer.post_attention_layernorm(residual))  # (B, L, H)
     kvs = [(k, v)]
-    for j, later in enumerate(getattr(draft, "later_layers", ())):  # deeper drafts: the same attention pattern
+    for j, later in enumerate(
+        getattr(draft, "later_layers", ())
+    ):  # deeper drafts: the same attention pattern
         assert not (first and idx is not None), "a deeper draft's step 0 runs at every slot"
         y = later.input_layernorm(x)  # (B, L, H)
         at = later.self_attn
@@ -354,8 +358,10 @@ def ttt_unroll(
     for i in range(ttt_steps):
         idx = None if live is None or (deep and i == 0) else _live_index(live[i])  # (B, L) or None
         ids_i = ids[:, 1 + i : 1 + i + T]  # (B, T): shifted by 1 + i, token x_{t+1+i} at slot t
-        take = lambda kv: kv if idx is None else (_take(kv[0], idx, 2), _take(kv[1], idx, 2))  # noqa: E731
-        past = keys[:1] + [tuple(take(kv) for kv in step) for step in keys[1:]]
+        past = keys[:1] + [
+            tuple(kv if idx is None else (_take(kv[0], idx, 2), _take(kv[1], idx, 2)) for kv in step)
+            for step in keys[1:]
+        ]
         args = (draft, ids_i, h, pos + i, tuple(past), chunk_elems, idx)  # positions shifted by i
         out, kvs = grad_checkpoint(_ttt_layer, *args, use_reentrant=False) if ck else _ttt_layer(*args)
         if idx is not None:  # back to every slot: (B, L, H) -> (B, T, H), (B, nkv, L, d) -> (B, nkv, T, d)
@@ -402,7 +408,9 @@ def _head_stats(
             kl = F.cross_entropy(logits, teacher_p[rows], reduction="none") + teacher_negent[rows]  # (M,)
         soft = None
     else:
-        soft, kl = divergence(terms or {"kl": 1.0}, logits, teacher_p[rows], teacher_negent[rows])  # (M,) each
+        soft, kl = divergence(
+            terms or {"kl": 1.0}, logits, teacher_p[rows], teacher_negent[rows]
+        )  # (M,) each
     kl_sum = (kl * kl_mask).sum().detach()
     if hard_weight == 0:
         return (soft * kl_mask).sum(), kl_sum, agree.sum().detach()

@@ -197,7 +197,9 @@ def block_loss(
             logits = _chunk_logits(draft, ctx, ctx_pos, bids, bmask, bpos, a, Q)
         ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")  # (n * Q,)
         has = labels != IGNORE
-        w = dpace_weights(logits, labels, Q) if weights == "dpace" else w_slot.repeat(a.numel()) * has  # (n * Q,)
+        w = (
+            dpace_weights(logits, labels, Q) if weights == "dpace" else w_slot.repeat(a.numel()) * has
+        )  # (n * Q,)
         total = total + (ce * w).sum()
         with torch.no_grad():
             right = (logits.argmax(-1) == labels) & has  # (n * Q,)

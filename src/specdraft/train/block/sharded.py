@@ -32,7 +32,9 @@ class BlockModel(nn.Module):
     def __init__(self, draft: DFlashDraft, position_weights: str = "exp"):
         super().__init__()
         self.draft = draft
-        self.position_weights = position_weights  # the loss's slot weights: exp or dpace (`objective.block_loss`)
+        self.position_weights = (
+            position_weights  # the loss's slot weights: exp or dpace (`objective.block_loss`)
+        )
 
     def forward(self, batch: list[tuple], anchors: list[torch.Tensor] | None, chunk: int, n_val: int = 0):
         """Training (`anchors` given): (summed loss + 0 x every trainable weight, stats). Validation

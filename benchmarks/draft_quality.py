@@ -1,0 +1,134 @@
+"""Draft quality at equal data: the field's newer ways to train a draft, each alone and combined, on top of the
+quickstart's settings, every draft served by vLLM behind the target (tau, batch-1 speed-up, lossless).
+
+    python benchmarks/draft_quality.py --shards runs/quickstart/hidden_states [--arms lk,nla,eagle31,...]
+                                       [--seeds 0] [--base-run runs/quickstart/train] [--prompts 80]
+                                       [--batch1-prompts 8] [--out DIR]
+
+`--shards`: an extraction of the embedded default (the quickstart's: 240 ShareGPT conversations of at most
+1024 tokens, 142k reply tokens; a larger one for the second data size). Every arm trains one epoch with the
+quickstart's settings (draft vocabulary 8192, 3 TTT steps, lr 1e-3, 512 tokens a step, constant, 5% held out,
+the small-run recipe: prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99) and the
+changes its row of ARMS names, with seed N for `ARM_sN`. `--base-run` adopts an existing run with the base
+settings (the quickstart's own train/, trained from the same shards) as `base_s0` instead of training it again.
+An `--out` kept from an earlier run reuses every arm trained and exported there; each call serves the arms it
+names (one vLLM run: the target alone, then each draft; k = 3, greedy, 64 new tokens, 80 MT-bench first turns)
+and prints the table: arm, seed, training seconds, validation accuracy of TTT step 0, vLLM tau, acceptance per
+position, batch-1 tokens/s against the target alone, lossless. Nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from specdraft.eval.serving import evaluate_vllm
+from specdraft.export import export
+from specdraft.train.config import SMALL_RUN, TrainConfig
+from specdraft.train.loop import train
+
+# the quickstart's training settings (quickstart.BUDGETS["default"] with the recipe), seed 0
+BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, lr=1e-3, max_tokens=512, schedule="constant",
+                   checkpoint_every=10**6, val_fraction=0.05, val_every=0, recipe="off", progress=False,
+                   tensorboard=False, **{k: v for k, v in SMALL_RUN.items() if k not in ("lr", "max_tokens", "schedule")})  # fmt: skip
+SOFT = {"hard_weight": 0.0}  # the recipe's argmax loss off: the soft loss (--loss) is what trains
+ARMS = {  # name: what changes against BASE
+    "base": {},
+    "kl": {**SOFT, "loss": "kl"},
+    "lk": {**SOFT, "loss": "lk"},
+    "nla": {**SOFT, "loss": "nla"},
+    "tv": {**SOFT, "loss": "tv"},
+    "rkl": {**SOFT, "loss": "rkl"},
+    "jsd": {**SOFT, "loss": "jsd"},
+    "hard_lk": {"hard_weight": 0.5, "loss": "lk"},  # half the argmax loss, half LK
+    "eagle31": {"fc_norm": True, "norm_output": True},
+    "fc_norm": {"fc_norm": True},
+    "layers2": {"draft_layers": 2},
+    "noise": {"noise": "uniform", "noise_scale": 0.05},
+    "muon": {"optimizer": "muon"},
+}
+
+
+def settings(arm: str) -> tuple[str, TrainConfig]:
+    """`NAME` or `NAME_sSEED` (several names joined by `+` combine their changes) -> (label, settings)."""
+    name, _, seed = arm.partition("_s")
+    change: dict = {}
+    for part in name.split("+"):
+        if part not in ARMS:
+            raise SystemExit(
+                f"unknown arm {part!r}; one of {', '.join(ARMS)} (joined by +), with _sN for seed N"
+            )
+        change.update(ARMS[part])
+    return f"{name}_s{int(seed or 0)}", replace(BASE, seed=int(seed or 0), **change)
+
+
+def _val_acc(run: Path) -> float | None:
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    val = [r for r in recs if r.get("split") == "val"]
+    return round(val[-1]["acc"][0], 4) if val and val[-1].get("acc") else None
+
+
+def trained(root: Path, label: str, cfg: TrainConfig, shards: str, base_run: str) -> dict:
+    """Train (unless done) and export one arm; its row so far."""
+    run, exp = root / f"train-{label}", root / f"export-{label}"
+    if label == "base_s0" and base_run and not run.exists():
+        run.symlink_to(Path(base_run).resolve())
+    t_file = run / "bench_train_s.json"
+    if not (run / "final" / "config.json").exists():
+        t0 = time.perf_counter()
+        train(shards, str(run), replace(cfg, resume=(run / "checkpoints").exists()))
+        t_file.write_text(json.dumps(round(time.perf_counter() - t0, 1)))
+    if not (exp / "config.json").exists():
+        shutil.rmtree(exp, ignore_errors=True)
+        assert export(str(run), str(exp), format="speculators", k=3, check_vllm=False) == 0
+    secs = json.loads(t_file.read_text()) if t_file.exists() else None
+    return {"arm": label, "train_s": secs, "val_acc0": _val_acc(run), "export": str(exp)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", required=True, help="an extraction of the embedded default")
+    p.add_argument(
+        "--arms", default="base,kl,lk,nla,eagle31,muon", help=f"comma-separated, of: {', '.join(ARMS)}"
+    )
+    p.add_argument("--seeds", default="0", help="comma-separated seeds of every arm")
+    p.add_argument("--base-run", default="", help="a finished run with the base settings, adopted as base_s0")
+    p.add_argument("--prompts", type=int, default=80)
+    p.add_argument("--batch1-prompts", type=int, default=8)
+    p.add_argument("--train-only", action="store_true", help="train and export, serve nothing")
+    p.add_argument("--out", default="runs/bench-draft-quality")
+    a = p.parse_args()
+    root = Path(a.out)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for arm in a.arms.split(","):
+        for seed in a.seeds.split(","):
+            label, cfg = settings(f"{arm}_s{seed}")
+            print(f"=== {label}: {', '.join(f'{k}={v}' for k, v in sorted(vars(cfg).items()) if getattr(BASE, k) != v)}",
+                  flush=True)  # fmt: skip
+            rows.append(trained(root, label, cfg, a.shards, a.base_run))
+            print(json.dumps(rows[-1]), flush=True)
+    if a.train_only:
+        return
+    rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
+                        max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, out=str(root / "serve"))  # fmt: skip
+    print(
+        f"\n{'arm':<24}{'train s':>8}{'val acc0':>9}{'vLLM tau':>9}{'batch 1':>8}  acceptance per position, lossless"
+    )
+    for r in rows:
+        d = rep["drafts"][r["export"]]
+        b1 = (d.get("batch1") or {}).get("speedup")
+        speed = f"{b1:.2f}x" if b1 else "-"
+        acc = [None if x is None else round(x, 3) for x in d["acceptance_rate_per_position"]]
+        r.update(tau=round(d["tau"], 3), batch1=speed, acceptance=acc, lossless=d["lossless"]["ok"])
+        print(f"{r['arm']:<24}{r['train_s'] or '-':>8}{r['val_acc0'] or '-':>9}{r['tau']:>9.3f}{speed:>8}  {acc}, "
+              f"{'lossless' if r['lossless'] else 'NOT LOSSLESS'}")  # fmt: skip
+    (root / "table.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
