@@ -121,7 +121,10 @@ def variants(trained):
     """Two more drafts from the same shards and settings: EAGLE-3.1 (per-layer fc norms, the post-norm state fed
     back) and a 2-layer EAGLE-3, each exported in the speculators format (issue 45)."""
     out = {}
-    for name, change in (("eagle31", {"fc_norm": True, "norm_output": True}), ("layers2", {"draft_layers": 2})):
+    for name, change in (
+        ("eagle31", {"fc_norm": True, "norm_output": True}),
+        ("layers2", {"draft_layers": 2}),
+    ):
         cfg = TrainConfig(draft_vocab_size=4096, ttt_steps=3, lr=3e-3, max_steps=30, epochs=100, max_tokens=256,
                           max_length=256, val_fraction=0.0, checkpoint_every=1000, progress=False, tensorboard=False,
                           prefetch=False, **change)  # fmt: skip
@@ -155,7 +158,9 @@ def test_variant_logits_equal_the_draft_vllm_loaded(trained, variants, variant, 
     target_dir = str(resolve_target_dir("smollm2-135m"))
     prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
     v = variants[variant]
-    with VLLMEngine(target_dir, str(v.export), k=K, max_model_len=len(prompt) + 64, capture_drafter=True) as eng:
+    with VLLMEngine(
+        target_dir, str(v.export), k=K, max_model_len=len(prompt) + 64, capture_drafter=True
+    ) as eng:
         eng.start_drafter_capture()
         eng.generate([prompt], 8)
         capture = eng.pop_drafter_capture()
