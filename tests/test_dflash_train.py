@@ -97,7 +97,22 @@ def test_steps_per_batch_splits_each_batch_s_anchors_and_resumes_exactly(shards,
 
 def test_eagle3_refuses_dflash_data(shards, tmp_path):
     with pytest.raises(ValueError, match="EAGLE-3 needs 3 aux layers"):
-        train(str(shards), str(tmp_path / "e"), cfg(draft="eagle3", ttt_steps=2))
+        train(str(shards), str(tmp_path / "e"), cfg(draft="eagle3", ttt_steps=2, block_size=8, anchors=64))
+
+
+def test_settings_a_draft_kind_does_not_use_are_refused():
+    """--block-size for EAGLE-3, EAGLE-3's loss settings for DFlash: refused with the fix, never ignored."""
+    eagle = TrainConfig(block_size=4, position_weights="dpace").problems()
+    assert any("--draft eagle3 does not use --block-size 4" in p and "--draft dflash" in p for p in eagle)
+    assert any("--position-weights dpace" in p for p in eagle)
+    dflash = cfg(loss="lk", fc_norm=True, ttt_steps=3).problems()
+    for flag in ("--loss lk", "--fc-norm", "--ttt-steps 3"):
+        assert any(f"--draft dflash does not use {flag}:" in p for p in dflash), (flag, dflash)
+    assert cfg(draft_layers=2, optimizer="muon", position_weights="dpace").problems() == []
+    assert (
+        TrainConfig(draft_layers=2, loss="0.5*kl+0.5*tv", noise="uniform", noise_scale=0.1).problems() == []
+    )
+    assert any("--noise and --noise-scale go together" in p for p in TrainConfig(noise="uniform").problems())
     assert "--draft must be eagle3 or dflash" in " ".join(cfg(draft="x").problems())
 
 
