@@ -78,3 +78,14 @@ def test_resuming_without_the_recipe_the_run_started_with_says_which(tmp_path, s
     train(str(shards), str(tmp_path / "run"), TrainConfig(**base, max_steps=1, recipe="off"))
     with pytest.raises(ValueError, match="--recipe off"):
         train(str(shards), str(tmp_path / "run"), TrainConfig(**base, max_steps=2, resume=True))
+
+
+def test_the_recipe_is_sized_for_the_ranks_and_the_data():
+    """Issue 48 item 1: 2 ranks of samples up to 2048 tokens need 4096 tokens a step, not the recipe's 512:
+    the recipe raises it and says why; one rank of short samples keeps 512."""
+    cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=2, longest=2048)
+    assert cfg.max_tokens == 4096 and "raised from the recipe's 512 to 4096" in said and "2 ranks" in said
+    cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=1, longest=300)
+    assert cfg.max_tokens == 512 and "raised" not in said
+    cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=2, longest=700)
+    assert cfg.max_tokens == 1536

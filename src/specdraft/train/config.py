@@ -252,14 +252,17 @@ DFLASH_SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "bloc
 SMALL_RUN_BELOW = 500_000
 
 
-def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN) -> tuple[TrainConfig, str]:
+def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: int = 1,
+                longest: int = 0) -> tuple[TrainConfig, str]:  # fmt: skip
     """The settings a run trains with, and a line saying which of the recipe's settings came from where ("" when
     the recipe does not apply).
 
     `on` fills in `recipe` (SMALL_RUN, or DFLASH_SMALL_RUN for a DFlash draft) for each of its settings not
     given; `auto` does so under SMALL_RUN_BELOW scored tokens. Given: named on the command line or in a --config file (`runtime.GIVEN`), or away from the library
     default. A Python caller (no command line) that sets any of them gets `auto` as off: it is tuning. EMA is
-    left out under --fsdp (not supported there yet)."""
+    left out under --fsdp (not supported there yet). The recipe's tokens a step are raised, where they cannot
+    hold one sample of the data's `longest` (after --max-length) per rank of `world`, to the smallest multiple
+    of 512 that can (and the line says so)."""
     from specdraft import runtime
 
     given = runtime.GIVEN if runtime.FROM_COMMAND_LINE else {}
@@ -270,8 +273,14 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN) -> tupl
     if cfg.recipe == "off" or (cfg.recipe == "auto" and (tuned or scored >= SMALL_RUN_BELOW)):
         return cfg, ""
     fill = {k: v for k, v in recipe.items() if k not in source and not (k == "ema" and cfg.fsdp)}
+    raised = ""
+    if "max_tokens" in fill and fill["max_tokens"] < world * longest:  # one sample per rank must fit a step
+        need = -(-world * longest // 512) * 512
+        raised = (f" (--max-tokens raised from the recipe's {fill['max_tokens']} to {need}: one sample of up to "
+                  f"{longest} tokens for each of {world} ranks)")  # fmt: skip
+        fill["max_tokens"] = need
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
-    parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}"]
+    parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}{raised}"]
     for where in dict.fromkeys(source.values()):
         parts.append(f"{where}: {flags({k: getattr(cfg, k) for k, w in source.items() if w == where})}")
     left = [k for k in recipe if k not in source and k not in fill]

@@ -199,7 +199,9 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
     target_dtype = "bfloat16" if resolve_dtype(cfg.dtype, str(device)) == "bfloat16" else "float32"
     opened = (_open_online if cfg.online else _open_offline)(data, cfg, device, target_dtype)
     tgt, layer_ids, prov = opened.target, opened.layer_ids, opened.provenance
-    cfg, said = with_recipe(cfg, opened.scored)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    longest = min(max(opened.lengths.values(), default=0), cfg.max_length)
+    cfg, said = with_recipe(cfg, opened.scored, world=world, longest=longest)
     if said and (not dist.is_initialized() or dist.get_rank() == 0):
         print(said, flush=True)
     if len(layer_ids) != 4:
