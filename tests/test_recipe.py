@@ -85,7 +85,23 @@ def test_the_recipe_is_sized_for_the_ranks_and_the_data():
     the recipe raises it and says why; one rank of short samples keeps 512."""
     cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=2, longest=2048)
     assert cfg.max_tokens == 4096 and "raised from the recipe's 512 to 4096" in said and "2 ranks" in said
-    cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=1, longest=300)
-    assert cfg.max_tokens == 512 and "raised" not in said
+    for longest in (300, 2048):  # one process: a longer sample is a batch of its own, as before
+        cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=1, longest=longest)
+        assert cfg.max_tokens == 512 and "raised" not in said
     cfg, said = with_recipe(TrainConfig(recipe="on"), 10_000, world=2, longest=700)
     assert cfg.max_tokens == 1536
+
+
+def test_print_config_shows_what_the_run_uses(tmp_path, shards, capsys, monkeypatch):  # noqa: F811
+    """Issue 48 item 2: --print-config prints the recipe's values (not the library defaults), where each came
+    from, and absolute paths."""
+    from specdraft import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", str(shards), "rel-out", "--lr", "5e-4", "--print-config"]) in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    s, src = doc["settings"], doc["from"]
+    assert s["lr"] == 5e-4 and src["lr"] == "command line"
+    assert s["max_tokens"] == SMALL_RUN["max_tokens"] and s["schedule"] == "constant"
+    assert src["schedule"] == "small-run recipe" and "small-run recipe" in doc["recipe"]
+    assert s["out"] == str(tmp_path / "rel-out")

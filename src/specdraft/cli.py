@@ -353,7 +353,18 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
         if not (k in config and settings.get(k) == config[k]):
             runtime.GIVEN[k] = "command line"
     if print_config:
-        print(json.dumps(runtime.settings_doc(cmd, settings), indent=2))
+        doc = runtime.settings_doc(cmd, settings)
+        if cmd == "train" and parsed.get("shards"):  # what the run will use: the recipe filled from the data
+            from specdraft.train.setup import planned
+
+            cfg, said = planned(parsed["shards"], parsed["cfg"])
+            filled = {k: v for k, v in dataclasses.asdict(cfg).items() if settings.get(k) != v}
+            doc["settings"].update(filled)
+            doc["from"] = {k: ("small-run recipe" if k in filled else runtime.GIVEN.get(k, "default"))
+                           for k in settings}  # fmt: skip
+            if said:
+                doc["recipe"] = said
+        print(json.dumps(doc, indent=2))
         return parsed, None
     if source.startswith("recorded"):
         changed = sorted(k for k in given if k != "resume" and settings.get(k) != config.get(k))

@@ -65,15 +65,32 @@ def _plain(v):
     return v
 
 
+#: the positionals that name files and directories: a settings file records them absolute (read back from
+#: anywhere, they point at the same place); hub ids and source names (`sharegpt`) are kept as given
+PATH_SETTINGS = ("data", "dataset", "shards", "out", "checkpoint", "draft")
+
+
+def _absolute(key: str, value):
+    """`value` of a PATH_SETTINGS key with each existing path (and OUT, always) made absolute."""
+    if isinstance(value, list):
+        return [_absolute(key, v) for v in value]
+    if not isinstance(value, str) or not value:
+        return value
+    if "," in value and key == "shards":
+        return ",".join(_absolute(key, v) for v in value.split(","))
+    return os.path.abspath(value) if key == "out" or os.path.exists(value) else value
+
+
 def settings_doc(command: str, settings: dict, name: str = "FILE") -> dict:
-    """The settings file's content: `settings` (flat: option name -> value), with what `auto` resolved to."""
+    """The settings file's content: `settings` (flat: option name -> value; paths absolute), with what `auto`
+    resolved to."""
     from specdraft import __version__
 
     return {
         "command": command,
         "specdraft_version": __version__,
         "settings_version": SETTINGS_VERSION,
-        "settings": {k: _plain(v) for k, v in settings.items()},
+        "settings": {k: _plain(_absolute(k, v) if k in PATH_SETTINGS else v) for k, v in settings.items()},
         "resolved": dict(RESOLVED),
         "note": f"a valid `specdraft {command} --config {name}`; options on the command line override it",
     }

@@ -261,8 +261,8 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
     given; `auto` does so under SMALL_RUN_BELOW scored tokens. Given: named on the command line or in a --config file (`runtime.GIVEN`), or away from the library
     default. A Python caller (no command line) that sets any of them gets `auto` as off: it is tuning. EMA is
     left out under --fsdp (not supported there yet). The recipe's tokens a step are raised, where they cannot
-    hold one sample of the data's `longest` (after --max-length) per rank of `world`, to the smallest multiple
-    of 512 that can (and the line says so)."""
+    hold one sample of the data's `longest` (after --max-length) per rank of `world` > 1, to the smallest
+    multiple of 512 that can (and the line says so; one process takes a longer sample as a batch of its own)."""
     from specdraft import runtime
 
     given = runtime.GIVEN if runtime.FROM_COMMAND_LINE else {}
@@ -274,7 +274,9 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
         return cfg, ""
     fill = {k: v for k, v in recipe.items() if k not in source and not (k == "ema" and cfg.fsdp)}
     raised = ""
-    if "max_tokens" in fill and fill["max_tokens"] < world * longest:  # one sample per rank must fit a step
+    if (
+        "max_tokens" in fill and world > 1 and fill["max_tokens"] < world * longest
+    ):  # a sample per rank a step
         need = -(-world * longest // 512) * 512
         raised = (f" (--max-tokens raised from the recipe's {fill['max_tokens']} to {need}: one sample of up to "
                   f"{longest} tokens for each of {world} ranks)")  # fmt: skip

@@ -317,3 +317,39 @@ def _lr_lambda(cfg: TrainConfig, total: int):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
     return f
+
+
+def planned(data: str, cfg: TrainConfig) -> tuple[TrainConfig, str]:
+    """The settings a run of `cfg` on `data` would train with (the recipe filled from the data's metadata alone,
+    for the ranks of this torchrun), and the recipe's line ("" where it does not apply or the data cannot be
+    read here: the run itself then says why). What `--print-config` shows."""
+    import os
+
+    from specdraft.train.config import DFLASH_SMALL_RUN
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        if cfg.online:
+            from specdraft.data.prepare import load_dataset
+
+            ds = load_dataset(data)
+            sids = range(min(len(ds), cfg.max_samples) if cfg.max_samples else len(ds))
+            lengths = [len(ds.input_ids[s]) for s in sids]
+            scored = sum(sum(ds.loss_mask[s]) for s in sids)
+        else:
+            from specdraft.data.store import ShardSet
+
+            ss = ShardSet.open([p for p in data.split(",") if p])
+            sids = ss.sample_ids()[: cfg.max_samples or None]
+            lengths = [ss.length(s) for s in sids]
+            dm = _dataset_manifest(ss.manifest.get("dataset"))
+            scored = int(ss.token_counts().sum())
+            if dm.get("num_tokens") and "num_loss_tokens" in dm:
+                scored = round(dm["num_loss_tokens"] * min(1.0, sum(lengths) / dm["num_tokens"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg, ""
+    longest = min(max(lengths, default=0), cfg.max_length)
+    if cfg.draft == "dflash":
+        recipe = {k: v for k, v in DFLASH_SMALL_RUN.items() if not (cfg.init_from and k == "block_size")}
+        return with_recipe(cfg, scored, recipe)
+    return with_recipe(cfg, scored, world=world, longest=longest)
