@@ -20,10 +20,11 @@ import os
 import signal
 import sys
 import threading
+import types as types_mod
 import typing
 from importlib import import_module
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 ABOUT = "Train speculative-decoding drafts (EAGLE-3, DFlash) on a target's own hidden states; serve them with vLLM and SGLang."
 
@@ -341,7 +342,8 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
     if cmd == "train" and parsed["cfg"].resume and not known.config:
         recorded = Path(parsed["out"]) / "train_settings.json"
         if recorded.is_file():  # --resume: the recorded settings, unless the command line says otherwise
-            config, source = _config(fn, cmd, str(recorded)), f"recorded in {recorded}"
+            label = f"{recorded} (the settings the run recorded, read by --resume; fix or delete it)"
+            config, source = _config(fn, cmd, str(recorded), label), f"recorded in {recorded}"
             parsed = _parse_command(cmd, fn, args, config, loose=False)
     print_config = parsed.pop("print_config")
     parsed.pop("config")
@@ -374,27 +376,65 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
     return parsed, settings
 
 
-def _config(fn, cmd: str, path: str) -> dict:
-    """The settings of a --config FILE for `cmd`, every name checked (an unknown one names its nearest)."""
+def _config(fn, cmd: str, path: str, label: str = "") -> dict:
+    """The settings of a --config FILE for `cmd` (`label`: how errors name it), every name and type checked (an
+    unknown name names its nearest)."""
     import difflib
 
     from specdraft import runtime
 
-    config = runtime.read_settings(path, cmd)
-    names = set()
+    label = label or f"--config {path}"
+    config = runtime.read_settings(path, cmd, label)
+    types: dict[str, Any] = {}
     hints = typing.get_type_hints(fn)
     for pname in inspect.signature(fn).parameters:
         tp = hints.get(pname, str)
-        names |= (
-            {f.name for f in dataclasses.fields(tp) if f.init} if dataclasses.is_dataclass(tp) else {pname}
-        )
+        if dataclasses.is_dataclass(tp):
+            fhints = typing.get_type_hints(tp)
+            types.update({f.name: fhints[f.name] for f in dataclasses.fields(tp) if f.init})
+        else:
+            types[pname] = tp
     bad = []
-    for k in sorted(set(config) - names):
-        near = difflib.get_close_matches(k, names, n=1)
+    for k in sorted(set(config) - set(types)):
+        near = difflib.get_close_matches(k, types, n=1)
         bad.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
     if bad:
-        raise ValueError(f"--config {path}: `specdraft {cmd}` has no setting {', '.join(bad)}")
+        raise ValueError(f"{label}: `specdraft {cmd}` has no setting {', '.join(bad)}")
+    wrong = [w for k, v in config.items() if (w := _wrong_type(k, v, types[k]))]
+    if wrong:  # the command line's own checks, in the command line's words: one line, every error
+        raise ValueError(f"{label}: " + "; ".join(wrong))
     return config
+
+
+def _wrong_type(name: str, value: Any, tp: Any) -> str:
+    """Why `value` cannot be setting `name` of type `tp` ("" when it can): a settings file is held to what the
+    command line accepts (a bool is true/false, an int no fraction, a choice one of its values)."""
+    flag = "--" + name.replace("_", "-")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types_mod.UnionType:
+        if value is None and type(None) in args:
+            return ""
+        tps = [a for a in args if a is not type(None)]
+        errs = [_wrong_type(name, value, a) for a in tps]
+        return "" if not all(errs) else errs[0]
+    if origin is typing.Literal:
+        return "" if value in args else f"{flag} must be one of {', '.join(map(str, args))}, not {value!r}"
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            return f"{flag} must be a list, not {value!r}"
+        inner = args[0] if args else Any
+        return next((w for v in value if (w := _wrong_type(name, v, inner))), "")
+    if tp is bool:
+        return "" if isinstance(value, bool) else f"{flag} must be true or false, not {value!r}"
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return "" if ok else f"{flag} must be a whole number, not {value!r}"
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return "" if ok else f"{flag} must be a number, not {value!r}"
+    if tp is str:
+        return "" if isinstance(value, str) else f"{flag} must be a string, not {value!r}"
+    return ""
 
 
 def _record(cmd: str, settings: dict) -> None:

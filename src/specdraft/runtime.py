@@ -106,21 +106,21 @@ def write_settings(path: Path, command: str, settings: dict, keep: dict | None =
     return path
 
 
-def read_settings(path: str | Path, command: str) -> dict:
-    """The settings of a settings file (ours, or a flat JSON object of option name -> value) for `command`."""
+def read_settings(path: str | Path, command: str, label: str = "") -> dict:
+    """The settings of a settings file (ours, or a flat JSON object of option name -> value) for `command`;
+    errors name the file as `label` (default: `--config PATH`)."""
     p = Path(path)
+    label = label or f"--config {p}"
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"--config {p}: no such file") from None
+        raise FileNotFoundError(f"{label}: no such file") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--config {p}: not JSON ({e})") from None
+        raise ValueError(f"{label}: not JSON ({e})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"--config {p}: a JSON object of option -> value is needed")
+        raise ValueError(f"{label}: a JSON object of option -> value is needed")
     if "settings" in doc and isinstance(doc["settings"], dict):
         if doc.get("command") not in (None, command):
-            raise ValueError(
-                f"--config {p} holds the settings of `specdraft {doc['command']}`, not {command}"
-            )
+            raise ValueError(f"{label} holds the settings of `specdraft {doc['command']}`, not {command}")
         return dict(doc["settings"])
     return {k.replace("-", "_"): v for k, v in doc.items()}
