@@ -70,7 +70,7 @@ def test_choices_are_listed_and_checked(capsys):
 @pytest.mark.parametrize(("typed", "said"), [("--learning-rate", "specdraft train calls it --lr"),
                                              ("--num-epochs", "specdraft train calls it --epochs"),
                                              ("--ttt-length", "specdraft train calls it --ttt-steps"),
-                                             ("--warmup-ration", "Perhaps you meant:")])  # fmt: skip
+                                             ("--warmup-ration", "did you mean --warmup-ratio?")])  # fmt: skip
 def test_a_mistaken_option_names_the_right_one(typed, said, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "a", "b", typed, "1"])

@@ -192,7 +192,19 @@ SYNONYMS = {
     "eval-interval": "val-every", "eval-steps": "val-every", "log-interval": "log-every",
     "log-steps": "log-every", "warmup-steps": "warmup-ratio", "batch-size": "max-tokens",
     "tp-size": "tensor-parallel-size", "tp": "tensor-parallel-size", "resume-from-checkpoint": "resume",
-    "num-speculative-tokens": "k", "speculative-tokens": "k",
+    "num-speculative-tokens": "k", "speculative-tokens": "k", "from-pretrained": "init-from",
+    "pretrained-draft": "init-from", "draft-model-path": "init-from", "logger": "report-to", "log-with": "report-to",
+    "max-grad-norm": "grad-clip", "grad-clip-norm": "grad-clip", "clip-grad-norm": "grad-clip",
+    "wandb-project": "project", "project-name": "project", "exp-name": "run-name", "run-id": "run-name",
+    "seq-length": "max-length", "max-model-len": "max-length", "lr-scheduler": "schedule", "scheduler": "schedule",
+    "lr-schedule": "schedule", "warmup": "warmup-ratio", "num-layers": "draft-layers", "draft-num-layers": "draft-layers",
+    "loss-fn": "loss", "loss-type": "loss", "noise-std": "noise-scale", "optim": "optimizer",
+}  # fmt: skip
+#: what users of other trainers type for a positional (the README's table names --output-dir)
+POSITIONAL_NAMES = {
+    "output-dir": "out", "output": "out", "out-dir": "out", "save-path": "out", "save-dir": "out",
+    "output-path": "out", "data-path": "DATA", "train-data-path": "DATA", "dataset": "DATA", "data": "DATA",
+    "train-data": "DATA", "hidden-states-path": "DATA", "data-dir": "DATA",
 }  # fmt: skip
 
 
@@ -210,14 +222,36 @@ def _option_names(fn) -> dict[str, tuple[str, bool]]:
 
 
 def _refuse_other_names(cmd: str, fn, args: list[str]) -> None:
-    """An option named as another trainer names it: say ours, the way argparse refuses (exit 2)."""
+    """Every option this command does not have, in one argparse-style line (exit 2): ours where another trainer
+    names it otherwise, the positional where the name is one, else the nearest of ours."""
+    import difflib
+
     options = _option_names(fn)
+    flags = set(options) | {"--no-" + o[2:] for o, (_, pair) in options.items() if pair} | {"-h", "--help"}
+    positionals = [
+        n for n, p in inspect.signature(fn).parameters.items() if p.default is inspect.Parameter.empty
+    ]
     hints = []
     for a in args:
         word = a.split("=")[0]
-        near = SYNONYMS.get(word[2:]) if word.startswith("--") and word not in options else None
+        if not word.startswith("--") or word in flags:
+            continue
+        near = SYNONYMS.get(word[2:])
+        pos = POSITIONAL_NAMES.get(word[2:])
         if near and f"--{near}" in options:
             hints.append((word, f"{word}: specdraft {cmd} calls it --{near}"))
+        elif pos and positionals:
+            spelled = " ".join(p.upper() for p in positionals)
+            which = "the last" if pos == "out" else "the first"
+            hints.append((word, f"{word}: {which} positional is it (specdraft {cmd} {spelled})"))
+        else:
+            close = difflib.get_close_matches(word, sorted(options), n=1)
+            hints.append(
+                (
+                    word,
+                    f"{word}: " + (f"did you mean {close[0]}?" if close else f"see specdraft {cmd} --help"),
+                )
+            )
     if hints:
         print(f"usage: specdraft {cmd} [-h] [OPTIONS]\nspecdraft {cmd}: error: unrecognized arguments: "
               f"{' '.join(w for w, _ in hints)}; {'; '.join(h for _, h in hints)}", file=sys.stderr)  # fmt: skip

@@ -72,7 +72,7 @@ def extract(
     backend: Literal["hf", "vllm"] = "hf",
     device: str = "auto",
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
-    store_dtype: str = "bfloat16",
+    store_dtype: Literal["bfloat16", "float32", "float16", "fp8"] = "bfloat16",
     max_tokens_per_batch: int = 4096,
     samples_per_shard: int = 64,
     max_samples: int = 0,

@@ -94,7 +94,9 @@ class TrainConfig:
     run_name: str = ""
     """--report-to: the run's name in the trackers; empty = WANDB_NAME when set, else OUT's name"""
     progress: bool = True  # show a progress bar
-    draft: str = "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
+    draft: Literal["eagle3", "dflash"] = (
+        "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
+    )
     block_size: int = 8  # --draft dflash: tokens per block, the anchor then block_size - 1 drafted
     draft_layers: int = 1  # decoder layers of the draft (EAGLE-3: the first reads 2H, later ones H)
     anchors: int = 64  # --draft dflash: blocks (anchors) sampled per sequence per step

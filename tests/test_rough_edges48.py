@@ -1,0 +1,46 @@
+"""Issue 48: the rough edges a speculators or SpecForge user hits, one test per item (each fails on the code
+before the issue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft import cli
+
+# item 4: every name the README's table lists, and the common ones of speculators and SpecForge
+OTHER_NAMES = {
+    "--output-dir": "the last positional is it (specdraft train SHARDS OUT)",
+    "--save-path": "the last positional is it",
+    "--data-path": "the first positional is it",
+    "--from-pretrained": "calls it --init-from",
+    "--logger": "calls it --report-to",
+    "--max-grad-norm": "calls it --grad-clip",
+    "--learning-rate": "calls it --lr",
+    "--num-epochs": "calls it --epochs",
+    "--ttt-length": "calls it --ttt-steps",
+    "--batch-size": "calls it --max-tokens",
+    "--target-model-path": "calls it --target",
+    "--save-interval": "calls it --checkpoint-every",
+    "--eval-interval": "calls it --val-every",
+    "--tp-size": "calls it --tensor-parallel-size",
+    "--loss-fn": "calls it --loss",
+    "--lrr": "did you mean --lr?",
+}
+
+
+@pytest.mark.parametrize("name, says", sorted(OTHER_NAMES.items()))
+def test_item4_other_tools_names_get_a_pointer_in_one_style(name, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "hs", "out", name, "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{name}: " in err and says in err, err
+    assert "unrecognized arguments" in err and "╭" not in err  # argparse's one line, not a box
+
+
+def test_item4_fixed_choices_are_shown(capsys):
+    for cmd, opt, shown in (("train", "--draft", "{eagle3,dflash}"), ("extract", "--store-dtype", "{bfloat16,float32,float16,fp8}"),
+                            ("train", "--optimizer", "{adamw,muon}")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            cli.main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert f"{opt} {shown}" in out, (cmd, opt)
