@@ -39,15 +39,13 @@ class TrainConfig:
     ttt_steps: int = 7  # training-time-test unroll depth K (EAGLE-3: 7; speculators: 3)
     decay: float = 0.8  # weight of TTT step i is decay**i
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
-    hard_weight: float = (
-        0.0  # loss: (1 - w) x the soft loss (--loss) + w x cross-entropy on the target's argmax
-    )
+    hard_weight: float = 0.0
+    """loss: (1 - w) x the soft loss of --loss + w x cross-entropy on the target's argmax"""
     loss: str = "kl"
     """the soft loss against the target's distribution: kl, rkl (reverse KL), jsd, tv (1 - acceptance), nla (-log acceptance), lk (KL/TV blend by acceptance), or a weighted sum such as 0.5*kl+0.5*tv"""
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux layer's hidden state before fc
-    norm_output: bool = (
-        False  # EAGLE-3.1: feed the post-norm hidden state back across TTT steps (and when served)
-    )
+    norm_output: bool = False
+    """EAGLE-3.1: feed the post-norm hidden state back across TTT steps, as served"""
     noise: Literal["none", "uniform", "gaussian"] = "none"
     """noise on the target's aux features while training, --noise-scale times each state's RMS per token: none, uniform (U(-1, 1)), gaussian"""
     noise_scale: float = 0.0  # --noise: its size relative to each aux state's RMS
@@ -94,9 +92,8 @@ class TrainConfig:
     run_name: str = ""
     """--report-to: the run's name in the trackers; empty = WANDB_NAME when set, else OUT's name"""
     progress: bool = True  # show a progress bar
-    draft: Literal["eagle3", "dflash"] = (
-        "eagle3"  # the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)
-    )
+    draft: Literal["eagle3", "dflash"] = "eagle3"
+    """the draft to train: eagle3 (TTT), or dflash (block-parallel: one forward drafts a block; fuses every aux layer the data holds)"""
     block_size: int = 8  # --draft dflash: tokens per block, the anchor then block_size - 1 drafted
     draft_layers: int = 1  # decoder layers of the draft (EAGLE-3: the first reads 2H, later ones H)
     anchors: int = 64  # --draft dflash: blocks (anchors) sampled per sequence per step
