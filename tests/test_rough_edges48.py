@@ -44,3 +44,34 @@ def test_item4_fixed_choices_are_shown(capsys):
             cli.main([cmd, "--help"])
         out = capsys.readouterr().out
         assert f"{opt} {shown}" in out, (cmd, opt)
+
+
+def test_item6_tensorboard_gets_the_run_name_project_and_settings(tmp_path, monkeypatch):
+    """TensorBoard names a run by its directory: OUT/tb/PROJECT/RUN, and the settings are logged once."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from specdraft.train.metrics import open_trackers
+
+    made = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            made.append(self)
+            self.log_dir, self.texts = log_dir, []
+
+        def add_text(self, tag, text, step):
+            self.texts.append((tag, text, step))
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = Writer
+    fake.__spec__ = importlib.machinery.ModuleSpec("torch.utils.tensorboard", None)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    out = tmp_path / "exps" / "run7"
+    open_trackers(["tensorboard"], out, {"lr": 0.001, "loss": "lk"}, project="myproj", run_name="lk-try")
+    assert made[0].log_dir == str(out / "tb" / "myproj" / "lk-try")
+    tag, text, _ = made[0].texts[0]
+    assert tag == "settings" and '"loss": "lk"' in text
+    open_trackers(["tensorboard"], out, {}, "", "")  # defaults: OUT's parent's name and OUT's
+    assert made[1].log_dir == str(out / "tb" / "exps" / "run7")

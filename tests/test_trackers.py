@@ -150,7 +150,9 @@ def _read_back(name: str, out) -> int:
     if name == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        acc = EventAccumulator(str(out / "tb"))
+        acc = EventAccumulator(
+            str(next(p for p in (out / "tb").rglob("*") if p.is_dir() and any(p.glob("events*"))))
+        )
         acc.Reload()
         return len(acc.Scalars("train/loss"))
     if name == "mlflow":

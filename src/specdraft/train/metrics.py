@@ -12,7 +12,7 @@ when named, and writes under OUT so a run keeps its record with it:
 
 | name | library's mode | where |
 | --- | --- | --- |
-| tensorboard | `torch.utils.tensorboard.SummaryWriter` | OUT/tb |
+| tensorboard | `torch.utils.tensorboard.SummaryWriter`, the run named by its directory | OUT/tb/PROJECT/RUN |
 | wandb | `wandb.init(mode="offline")` (`WANDB_MODE` wins); `wandb sync OUT/wandb/offline-run-*` uploads it later | OUT/wandb |
 | trackio | local SQLite store (`TRACKIO_DIR`), `trackio show` reads it | OUT/trackio |
 | mlflow | a file store (`file:` tracking URI unless `MLFLOW_TRACKING_URI` is set; MLflow 3 needs `MLFLOW_ALLOW_FILE_STORE=true`, set when unset), `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri OUT/mlruns` | OUT/mlruns |
@@ -86,10 +86,17 @@ def _pick(given: str, variable: str, default: str) -> str:
 
 
 class _TensorBoard:
+    """TensorBoard names a run by its directory: OUT/tb/PROJECT/RUN (`tensorboard --logdir OUT/tb` lists it as
+    PROJECT/RUN); the settings go in once as a text entry."""
+
     def __init__(self, out_dir: Path, project: str, name: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.w = SummaryWriter(str(out_dir / "tb"))
+        proj, run = default_names(out_dir)
+        log_dir = out_dir / "tb" / (project or proj) / (name or run)
+        self.where = f"run {(project or proj) + '/' + (name or run)!r} in {log_dir}"
+        self.w = SummaryWriter(str(log_dir))
+        self.w.add_text("settings", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
 
     def log(self, values: dict[str, float], step: int) -> None:
         for k, v in values.items():
