@@ -75,3 +75,26 @@ def test_item6_tensorboard_gets_the_run_name_project_and_settings(tmp_path, monk
     assert tag == "settings" and '"loss": "lk"' in text
     open_trackers(["tensorboard"], out, {}, "", "")  # defaults: OUT's parent's name and OUT's
     assert made[1].log_dir == str(out / "tb" / "exps" / "run7")
+
+
+def test_item7_eval_refuses_an_out_holding_files_it_did_not_write(tmp_path, capsys):
+    """eval's --out is guarded as export's is, before anything loads: a dataset's directory, a path under a
+    file; an earlier eval's directory and a new one pass."""
+    from specdraft.eval.command import check_eval_out
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "data.parquet").write_text("x")
+    (ds / "manifest.json").write_text("{}")
+    rc = cli.main(["eval", str(tmp_path / "run"), "--out", str(ds)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "refusing to write into" in err and "data.parquet" in err, err
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file, not a directory"):
+        check_eval_out(tmp_path / "afile" / "ev")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "report.json").write_text("{}")
+    (old / "export-train").mkdir()
+    check_eval_out(old)
+    check_eval_out(tmp_path / "new" / "ev")

@@ -8,6 +8,7 @@ lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whet
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -96,6 +97,7 @@ def evaluate(
     from specdraft.runtime import resolve_device, resolve_dtype
 
     engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference)
+    check_eval_out(Path(out))  # before anything loads: results are never lost at the end to a bad --out
     target = target or _recorded_target(draft)
     device = resolve_device(device, "eval")
     dtype = resolve_dtype(dtype, device)
@@ -104,6 +106,36 @@ def evaluate(
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
                          engine_kwargs, batch1_prompts, reference, trust_remote_code, layers)  # fmt: skip
+
+
+#: what eval writes into --out: a directory holding only these (or nothing) is eval's to write into
+EVAL_WRITES = ("report.json", "report_vllm.json", "acceptance_per_position.png", "tau_per_category.png",
+               "eval_settings.json", ".specdraft.lock")  # fmt: skip
+
+
+def check_eval_out(out: Path) -> None:
+    """Refuse, in one line with the fix, an --out eval cannot write or must not write into (a directory holding
+    files eval did not write: a dataset's, a run's), as export refuses; a writable new or eval directory passes."""
+    from specdraft.fileio import file_in_the_way
+
+    fix = "choose a new or empty --out, or an earlier eval's"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"eval: --out {out} exists and is not a directory: {fix}")
+    blocked = file_in_the_way(out, "eval")
+    if blocked is not None:
+        raise ValueError(f"eval: {blocked}")
+    if out.is_dir():
+        other = sorted(
+            p.name for p in out.iterdir() if p.name not in EVAL_WRITES and not p.name.startswith("export-")
+        )
+        if other:
+            shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
+            raise ValueError(
+                f"eval: refusing to write into {out}: it holds files eval did not write ({shown}): {fix}"
+            )
+    probe = out if out.is_dir() else next(p for p in out.parents if p.exists())
+    if not os.access(probe, os.W_OK):
+        raise ValueError(f"eval: --out {out} cannot be written here ({probe} is not writable): {fix}")
 
 
 def _recorded_target(draft: list[str]) -> str:
