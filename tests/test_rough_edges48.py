@@ -98,3 +98,19 @@ def test_item7_eval_refuses_an_out_holding_files_it_did_not_write(tmp_path, caps
     (old / "export-train").mkdir()
     check_eval_out(old)
     check_eval_out(tmp_path / "new" / "ev")
+
+
+def test_item9_a_target_that_is_not_a_causal_lm_is_refused_in_one_line(tmp_path, capsys):
+    """A BERT checkpoint: 'not a causal language model', before any chat template or layer-id message."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+                               vocab_size=64)).save_pretrained(bert)  # fmt: skip
+    (tmp_path / "c.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+    )
+    rc = cli.main(["prepare", str(tmp_path / "c.jsonl"), str(tmp_path / "ds"), "--target", str(bert)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "is not a causal language model" in err and "BertForMaskedLM" in err, err
+    assert "chat template" not in err and "too shallow" not in err

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import struct
 from dataclasses import dataclass
@@ -215,6 +216,7 @@ def locate_target(name: str, need: str = "config", convert: bool = True) -> Path
     )
     if not files - {".cache", ".gitattributes", ".lock"}:
         raise ValueError(f"target directory {local} is empty: {hint}")
+    refuse_non_causal(local, name)  # what the model is, before what its directory lacks
     if need == "config" and "config.json" not in files:
         raise ValueError(
             f"target directory {local} has no config.json, so it is not a model directory: {hint}"
@@ -528,6 +530,25 @@ def load_target(
     except ValueError as e:
         raise (_remote_code_error(name, e) or e) from e
     return wrap_model(model, name=name, path=src, tokenizer=tok)
+
+
+#: architecture names of models that generate text left to right (a multimodal wrapper's too)
+_CAUSAL = re.compile(r"(ForCausalLM|LMHeadModel|ForConditionalGeneration|ForImageTextToText)$")
+
+
+def refuse_non_causal(model_dir: str | Path, name: str) -> None:
+    """One line, before anything loads, for a target that is not a causal language model (a BERT checkpoint, an
+    encoder-decoder): read from its config.json alone; nothing said where it has none."""
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    archs = [a for a in raw.get("architectures") or [] if isinstance(a, str)]
+    if raw.get("is_encoder_decoder") or (archs and not any(_CAUSAL.search(a) for a in archs)):
+        what = f"architectures {archs}" if archs else "an encoder-decoder"
+        raise ValueError(f"{name} is not a causal language model (its config.json says {what}, model_type "
+                         f"{raw.get('model_type')!r}): a draft speeds up a model that generates left to right "
+                         "(a ...ForCausalLM); pass such a model as --target")  # fmt: skip
 
 
 def load_tokenizer(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False):
