@@ -147,3 +147,70 @@ def test_item10_the_module_form_starts_where_the_vllm_command_does_not():
     r = subprocess.run([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--help"], capture_output=True,
                        text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0 and "--speculative-config" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every matplotlib figure saved, kept for inspection (the file is still written)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    saved = []
+    real = Figure.savefig
+
+    def keep(self, *a, **kw):
+        saved.append(self)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def test_item8_training_png_smoothed_one_entry_per_step_and_an_lr_panel(tmp_path, figures):
+    import json
+    from pathlib import Path
+
+    from specdraft.train.plot import plot_metrics, smooth
+
+    recs = [{"split": "val", "step": 0, "loss": 9.0, "acc": [0.1, 0.0, 0.0], "oov_share": [0.1] * 3}]
+    recs += [{"split": "train", "step": s, "loss": 9.0 - s / 50 + (s % 2), "acc": [0.1 + s / 500] * 3,
+              "oov_share": [0.05] * 3, "lr": 1e-3} for s in range(1, 201)]  # fmt: skip
+    recs += [{"split": "val", "step": 200, "loss": 5.0, "acc": [0.5, 0.4, 0.3], "oov_share": [0.1] * 3}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    plot_metrics(Path(tmp_path / "m.jsonl"), Path(tmp_path / "t.png"))
+    axes = figures[-1].axes
+    assert [a.get_title() for a in axes] == [
+        "loss",
+        "accuracy per TTT step",
+        "target top-1 outside the draft vocabulary",
+        "learning rate",
+    ]
+    assert axes[1].get_legend_handles_labels()[1] == [
+        "TTT step 0",
+        "TTT step 1",
+        "TTT step 2",
+    ]  # not 14 entries
+    raw, smoothed = (line.get_ydata() for line in axes[0].get_lines()[:2])
+    assert max(abs(a - b) for a, b in zip(raw[1:], raw[:-1])) > 0.9  # the raw loss zig-zags
+    assert max(abs(a - b) for a, b in zip(smoothed[5:], smoothed[4:-1])) < 0.2  # its average does not
+    assert smooth([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
+
+
+def test_item8_eval_plots_integer_positions_short_labels_and_counts(tmp_path, figures):
+    from specdraft.eval.report import write_plots
+
+    d = {
+        "tau": 1.3,
+        "acceptance_rate_per_position": [0.3, 0.2, 0.1],
+        "tau_per_category": {"coding": 1.2, "math": 1.4},
+    }
+    report = {"settings": {"temperature": 0.0, "prompts": 2}, "drafts": {"/abs/path/runs/qs/train/final": d},
+              "records": [{"id": 1, "category": "coding", "turn": 0}, {"id": 2, "category": "math", "turn": 0}]}  # fmt: skip
+    write_plots(report, tmp_path)
+    acc, cats = figures[-2].axes[0], figures[-1].axes[0]
+    assert list(acc.get_xticks()) == [1, 2, 3]
+    assert acc.get_legend_handles_labels()[1] == ["qs/train (tau 1.30)"] and "2 prompts" in acc.get_title()
+    assert [t.get_text() for t in cats.get_xticklabels()] == ["coding (n=1)", "math (n=1)"]
+    assert "1 prompt a category at most" in cats.get_title()

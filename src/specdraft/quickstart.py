@@ -301,9 +301,18 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         },
         "serve": served,
         "seconds": seconds,
-        "plots": [
-            str(p) for p in [root / "train" / "training.png", *report.get("plots", [])] if Path(p).exists()
-        ],
+        "plots": list(
+            dict.fromkeys(
+                str(p)
+                for p in [
+                    root / "train" / "training.png",
+                    *report.get("plots", []),
+                    *(served or {}).get("plots", []),
+                    root / "serve" / "acceptance_per_position.png",
+                ]  # fmt: skip
+                if Path(p).exists()
+            )
+        ),
         "exports": {k: str(v) for k, v in exports.items()},
     }
     atomic_write_text(root / "summary.json", json.dumps(summary, indent=1))

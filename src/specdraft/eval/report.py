@@ -76,6 +76,15 @@ def _batch1_lines(d1: dict, b1: dict, k: int, method: str | None = None) -> list
     return lines
 
 
+def short_name(name: str) -> str:
+    """A draft's label on a plot: its last two path parts (a run's `final/` named by the run), not the absolute
+    path; a name that is no path (`untrained`) as it is."""
+    p = Path(name)
+    if p.name == "final":
+        p = p.parent
+    return "/".join(p.parts[-2:]) if len(p.parts) > 1 else name
+
+
 def write_plots(report: dict, out: str | Path) -> list[Path]:
     """acceptance_per_position.png (one series per draft; a vLLM report's reference decoder figures dashed) and,
     for a reference report, tau_per_category.png (a vLLM report has no categories)."""
@@ -89,17 +98,24 @@ def write_plots(report: dict, out: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, d in report["drafts"].items():
         rates = [r if r is not None else np.nan for r in d["acceptance_rate_per_position"]]
-        line = ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{name} (tau {d['tau']:.2f})")[0]
+        line = ax.plot(
+            range(1, len(rates) + 1), rates, marker="o", label=f"{short_name(name)} (tau {d['tau']:.2f})"
+        )[0]
         ref = d.get("reference")  # eval --engine vllm --reference: the reference decoder on the same prompts
         if ref:
             rates = [r if r is not None else np.nan for r in ref["acceptance_rate_per_position"]]
             ax.plot(range(1, len(rates) + 1), rates, marker="x", linestyle="--", color=line.get_color(),
-                    label=f"{name}, reference decoder (tau {ref['tau']:.2f})")  # fmt: skip
+                    label=f"{short_name(name)}, reference decoder (tau {ref['tau']:.2f})")  # fmt: skip
+    k = max((len(d["acceptance_rate_per_position"]) for d in report["drafts"].values()), default=1)
+    ax.set_xticks(range(1, k + 1))  # positions are whole numbers
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (given earlier positions accepted)")
     ax.set_ylim(0, 1.02)
     engine = "vLLM, " if report.get("engine") == "vllm" else ""
-    ax.set_title(f"acceptance per position, {engine}T={report['settings']['temperature']}")
+    n = report["settings"].get("prompts") or len(
+        {(r.get("id"), r.get("turn")) for r in report.get("records", [])}
+    )
+    ax.set_title(f"acceptance per position, {engine}T={report['settings']['temperature']}, {n} prompts")
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "acceptance_per_position.png")
@@ -110,14 +126,24 @@ def write_plots(report: dict, out: str | Path) -> list[Path]:
 
     cats = sorted({c for d in report["drafts"].values() for c in d["tau_per_category"]})
     names = list(report["drafts"])
+    per_cat = {
+        c: len({r.get("id") for r in report.get("records", []) if r.get("category") == c}) for c in cats
+    }
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cats) + 2), 4))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):
         vals = [report["drafts"][name]["tau_per_category"].get(c, np.nan) for c in cats]
-        ax.bar(np.arange(len(cats)) + j * width, vals, width, label=name)
-    ax.set_xticks(np.arange(len(cats)) + width * (len(names) - 1) / 2, cats, rotation=30, ha="right")
+        ax.bar(np.arange(len(cats)) + j * width, vals, width, label=short_name(name))
+    ticks = [f"{c} (n={per_cat[c]})" for c in cats]
+    ax.set_xticks(np.arange(len(cats)) + width * (len(names) - 1) / 2, ticks, rotation=30, ha="right")
     ax.set_ylabel("tau (tokens per target forward)")
-    ax.set_title("tau per category")
+    most = max(per_cat.values(), default=0)
+    few = (
+        f": {most} prompt{'s' if most > 1 else ''} a category at most, too few to compare them"
+        if most <= 2
+        else ""
+    )
+    ax.set_title("tau per category" + few)
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "tau_per_category.png")
