@@ -214,3 +214,47 @@ def test_item8_eval_plots_integer_positions_short_labels_and_counts(tmp_path, fi
     assert acc.get_legend_handles_labels()[1] == ["qs/train (tau 1.30)"] and "2 prompts" in acc.get_title()
     assert [t.get_text() for t in cats.get_xticklabels()] == ["coding (n=1)", "math (n=1)"]
     assert "1 prompt a category at most" in cats.get_title()
+
+
+def _eagle_repo_draft(d, hidden=None):
+    """A draft in the EAGLE repository's own layout: config.json says LlamaForCausalLM, weights fc, midlayer.*,
+    d2t, t2d (with `hidden`, a consistent draft of another target's hidden size)."""
+    import json
+
+    from safetensors.torch import save_file
+    from test_published import LAYER, _weights
+
+    d.mkdir(parents=True)
+    layer, w = dict(LAYER), _weights("midlayer.")
+    if hidden:
+        from specdraft.export import export_state
+        from specdraft.model.draft import DraftConfig, Eagle3Draft
+
+        layer.update(hidden_size=hidden, intermediate_size=2 * hidden)
+        cfg = DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=layer["num_attention_heads"],
+                          num_key_value_heads=layer["num_key_value_heads"], vocab_size=layer["vocab_size"],
+                          draft_vocab_size=layer["draft_vocab_size"])  # fmt: skip
+        w = {**export_state(Eagle3Draft(cfg), "eagle3"), "d2t": w["d2t"], "t2d": w["t2d"]}
+    (d / "config.json").write_text(json.dumps(layer))
+    save_file(w, str(d / "model.safetensors"))
+    return d
+
+
+def test_item5_eagle_repository_layout_is_recognised_by_its_weights(tmp_path, tiny_llama_dir):
+    from test_published import VD
+
+    from specdraft.model.checkpoint import load_trained
+    from specdraft.targets import load_target
+
+    d = _eagle_repo_draft(tmp_path / "eagle-repo")
+    draft = load_trained(d, target=load_target(str(tiny_llama_dir), with_tokenizer=False))
+    assert draft.cfg.draft_vocab_size == VD and draft.cfg.aux_layer_ids == [2, 4, 5]
+
+
+def test_item5_a_draft_for_another_targets_sizes_is_one_line_in_eval(tmp_path, tiny_llama_dir, capsys):
+    d = _eagle_repo_draft(tmp_path / "other", hidden=32)
+    rc = cli.main(
+        ["eval", str(d), "--target", str(tiny_llama_dir), "--max-prompts", "1", "--out", str(tmp_path / "e")]
+    )
+    err = capsys.readouterr().err
+    assert rc != 0 and "hidden size 32" in err and "size mismatch" not in err and err.count("\n") <= 3, err

@@ -80,7 +80,7 @@ def load_draft_config(path: str | Path) -> DraftConfig:
                                 "`checkpoints/step_*/` directory written by `specdraft train`")  # fmt: skip
     meta = json.loads(p.read_text())
     if meta.get("format") != FORMAT:
-        kind = published_kind(meta)
+        kind = published_kind(meta, p.parent)
         if kind is not None:  # a published EAGLE-3 draft (speculators or EAGLE-3's layout, ours exported too)
             return published_config(meta, kind)
         raise ValueError(f"{p} has format {meta.get('format')!r}: neither a specdraft draft ({FORMAT!r}) nor a "

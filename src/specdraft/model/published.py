@@ -20,15 +20,41 @@ from specdraft.model.draft import CONFIG_FILE, DraftConfig
 KINDS = ("speculators", "eagle3")
 
 
-def published_kind(meta: dict) -> str | None:
-    """`speculators` or `eagle3` for a published EAGLE-3 draft's config.json, else None."""
+def published_kind(meta: dict, path: str | Path | None = None) -> str | None:
+    """`speculators` or `eagle3` for a published EAGLE-3 draft's config.json, else None. With the draft's
+    directory `path`, a config that names another architecture (the EAGLE repository's own drafts say
+    `LlamaForCausalLM`) is EAGLE-3's layout when its weights are (`fc`, `midlayer.*`)."""
     if meta.get("speculators_model_type") == "eagle3" or "Eagle3Speculator" in (
         meta.get("architectures") or []
     ):
         return "speculators"
     if "LlamaForCausalLMEagle3" in (meta.get("architectures") or []):
         return "eagle3"
+    if path is not None and "hidden_size" in meta and _eagle3_weights(Path(path)):
+        return "eagle3"
     return None
+
+
+def _weight_names(d: Path) -> set[str]:
+    """The weight names of a draft directory, from the safetensors headers (or a pytorch_model.bin)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    try:
+        for f in sorted(d.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as st:
+                names |= set(st.keys())
+        if not names and (d / "pytorch_model.bin").is_file():
+            names = set(torch.load(d / "pytorch_model.bin", map_location="meta", weights_only=True))
+    except Exception:  # unreadable weights: not recognised here (loading them says why)
+        return set()
+    return {n.removeprefix("model.") for n in names}
+
+
+def _eagle3_weights(d: Path) -> bool:
+    """Whether a directory's weights are an EAGLE-3 draft's: fc over the aux states and one midlayer."""
+    names = _weight_names(d)
+    return "fc.weight" in names and any(n.startswith(("midlayer.", "layers.0.")) for n in names)
 
 
 def _rope(layer: dict) -> dict:
@@ -114,7 +140,7 @@ def published_state(path: str | Path, cfg: DraftConfig) -> dict[str, torch.Tenso
 def is_published(path: str | Path) -> bool:
     p = Path(path) / CONFIG_FILE
     try:
-        return p.is_file() and published_kind(json.loads(p.read_text())) is not None
+        return p.is_file() and published_kind(json.loads(p.read_text()), p.parent) is not None
     except (OSError, ValueError):
         return False
 

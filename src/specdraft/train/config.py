@@ -228,14 +228,14 @@ def init_problems(cfg: TrainConfig) -> list[str]:
     except (OSError, ValueError) as e:
         return [f"--init-from {cfg.init_from}: {e}"]
     errs = []
-    if dc.draft_vocab_size != cfg.draft_vocab_size:
-        errs.append(f"--init-from {p} has a draft vocabulary of {dc.draft_vocab_size} tokens: pass "
-                    f"--draft-vocab-size {dc.draft_vocab_size} (the vocabulary is the draft's)")  # fmt: skip
-    for key, ours, theirs in (("norm_before_residual", cfg.norm_before_residual, dc.norm_before_residual),
+    # the draft's own sizes: taken from it unless given otherwise (a setting left at its default is not given)
+    for key, ours, theirs in (("draft_vocab_size", cfg.draft_vocab_size, dc.draft_vocab_size),
+                              ("norm_before_residual", cfg.norm_before_residual, dc.norm_before_residual),
                               ("fc_norm", cfg.fc_norm, dc.fc_norm), ("norm_output", cfg.norm_output, dc.norm_output),
                               ("draft_layers", cfg.draft_layers, dc.num_hidden_layers)):  # fmt: skip
-        if ours != theirs:
-            errs.append(f"--init-from {p} was built with {key}={theirs}: pass {flags({key: theirs})}")
+        if ours != theirs and ours != getattr(TrainConfig, key):
+            errs.append(f"--init-from {p} was built with {key}={theirs}: drop {flags({key: ours})} (the draft's "
+                        f"own is used) or pass {flags({key: theirs})}")  # fmt: skip
     return errs
 
 
@@ -272,6 +272,8 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
     if cfg.recipe == "off" or (cfg.recipe == "auto" and (tuned or scored >= SMALL_RUN_BELOW)):
         return cfg, ""
     fill = {k: v for k, v in recipe.items() if k not in source and not (k == "ema" and cfg.fsdp)}
+    if cfg.init_from:  # its weights are loaded: no init setting applies
+        fill.pop("fc_init", None)
     raised = ""
     if (
         "max_tokens" in fill and world > 1 and fill["max_tokens"] < world * longest

@@ -11,7 +11,7 @@ trains on what is there); the provenance records the extraction and dataset hash
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -208,8 +208,13 @@ def _setup(data: str, cfg: TrainConfig, device: torch.device) -> _Setup:
         raise ValueError(f"EAGLE-3 needs 3 aux layers + the final layer; the data has layer ids {layer_ids}")
     lengths = {s: min(n, cfg.max_length) for s, n in opened.lengths.items() if n >= 3}
     train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
-    if cfg.init_from:  # a trained draft: its weights and vocabulary (not the data's counts)
+    if (
+        cfg.init_from
+    ):  # a trained draft: its weights and vocabulary (not the data's counts), its sizes recorded
         draft, prov["init_from"] = warm_draft(cfg.init_from, tgt, layer_ids[:3])
+        dc = draft.cfg
+        cfg = replace(cfg, draft_vocab_size=dc.draft_vocab_size, norm_before_residual=dc.norm_before_residual,
+                      fc_norm=dc.fc_norm, norm_output=dc.norm_output, draft_layers=dc.num_hidden_layers)  # fmt: skip
     else:
         draft = build_draft(tgt, opened.counts, layer_ids[:3], cfg.draft_vocab_size, cfg.norm_before_residual,
                             cfg.init_lm_head, seed=cfg.seed, fc_init=cfg.fc_init, num_hidden_layers=cfg.draft_layers,
