@@ -21,9 +21,9 @@ from typing import Any
 
 from specdraft.doctor.check import Problem, shorten
 from specdraft.doctor.formats.check import detect_format
-from specdraft.doctor.formats.reads import ITEM, _Reader
+from specdraft.doctor.formats.reads import _SAME_VALUE, ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
-from specdraft.doctor.refusals.judge import UNKNOWN, raises, truth
+from specdraft.doctor.refusals.judge import DESCEND, Unknown, truth
 from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
 from specdraft.doctor.source.reader import SourceTree, dotted_name
 from specdraft.engine.contract import Contract
@@ -158,25 +158,68 @@ def _gate(refusal: Refusal, scope: Scope, reader: _Reader, consts: Mapping[str, 
     return ""
 
 
+def _inlined(fn: ast.AST, before: int) -> dict[str, ast.expr]:
+    """``{name: value}`` of the locals of ``fn`` assigned once, before line ``before``, from an expression that
+    does not read them (``n = len(ids or [])``): the condition reads the value Python computes there."""
+    stores: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            stores.setdefault(n.id, []).append(n)
+        elif isinstance(n, ast.arg):
+            stores.setdefault(n.arg, []).append(n)
+    out: dict[str, ast.expr] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and n.lineno < before:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name) and len(stores[targets[0].id]) == 1:
+                if not any(isinstance(x, ast.Name) and x.id == targets[0].id for x in ast.walk(n.value)):
+                    out[targets[0].id] = n.value
+    return out
+
+
+def _absent(scope: Scope, node: ast.AST, path: FieldPath) -> bool:
+    """Whether ``node`` is ``d.get(key, ...)`` of an export's key that the export does not write."""
+    if scope.reader is None or scope.attrs or not path or not isinstance(node, ast.Call):
+        return False
+    if not (isinstance(node.func, ast.Attribute) and node.func.attr == "get"):
+        return False
+    if len(path) == 1:
+        return bool(scope.values) and path not in scope.values
+    above = scope.values.get(path[:-1], ())
+    return bool(above) and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
+
+
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
              consts: Mapping[str, Any], qualify=str) -> tuple[bool | None, str]:  # fmt: skip
     """Whether our values meet the refusal's condition (any known case does: True), and that case."""
     known = [p for p in fields if p in scope.values]
     cases = list(itertools.islice(itertools.product(*(scope.values[p] for p in known)), _MAX_CASES))
+    inline = _inlined(scope.fn, refusal.line)
 
     def lookup_in(case: dict[FieldPath, Any]):
+        budget = [32]  # inlined locals per condition (a cycle of them ends unknown)
+
         def lookup(node: ast.AST) -> Any:
-            if isinstance(node, ast.Call) and dotted_name(node.func) == "raises":
-                return raises(node, lookup, qualify)
+            if isinstance(node, ast.Name) and node.id in inline and budget[0] > 0:
+                budget[0] -= 1
+                return inline[node.id]
+            if isinstance(node, ast.Call) and dotted_name(node.func) in _SAME_VALUE:
+                return DESCEND  # Path(v), str(v): Python applies them to our value
             path = reader.path_of(node, False, frozenset())
-            if path:
-                return case.get(path, scope.defaults.get(path, UNKNOWN))
+            if path is not None:
+                if path in case or path in scope.defaults:
+                    return case[path] if path in case else scope.defaults[path]
+                if len(scope.values.get(path, ())) == 1:
+                    return scope.values[path][0]
+                if _absent(scope, node, path):  # the default given, or None
+                    return node.args[1] if len(node.args) > 1 else ast.Constant(None)
+                return Unknown(".".join(path))
             name = dotted_name(node)
             if name in consts and not isinstance(consts[name], dict):
                 return consts[name]
             if name in reader.tables:  # a local dict literal's keys, a registry's (filled by decorators)
                 return reader.tables[name]
-            return consts.get(name, UNKNOWN)
+            return consts.get(name, DESCEND)
 
         return lookup
 
@@ -184,7 +227,7 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
     for values in cases:
         case = dict(zip(known, values))
         shown = ", ".join(f"{_shown(scope, p)}={v!r}" for p, v in case.items())
-        parts = [truth(t, lookup_in(case)) for t in refusal.tests]
+        parts = [truth(t, lookup_in(case), qualify) for t in refusal.tests]
         v = False if False in parts else (None if None in parts else True)
         if v:
             return True, shown
