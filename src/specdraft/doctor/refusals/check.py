@@ -177,16 +177,16 @@ def _inlined(fn: ast.AST, before: int) -> dict[str, ast.expr]:
     return out
 
 
-def _absent(scope: Scope, node: ast.AST, path: FieldPath) -> bool:
-    """Whether ``node`` is ``d.get(key, ...)`` of an export's key that the export does not write."""
-    if scope.reader is None or scope.attrs or not path or not isinstance(node, ast.Call):
+def _unwritten(scope: Scope, path: FieldPath) -> bool:
+    """Whether ``path`` is a key of the export's config (or of a dict in it) that the export does not write."""
+    if scope.reader is None or scope.attrs or not path or path in scope.values:
         return False
-    if not (isinstance(node.func, ast.Attribute) and node.func.attr == "get"):
-        return False
-    if len(path) == 1:
-        return bool(scope.values) and path not in scope.values
-    above = scope.values.get(path[:-1], ())
-    return bool(above) and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
+    above = scope.values.get(path[:-1], ()) if len(path) > 1 else ({k[0]: 0 for k in scope.values},)
+    return (
+        bool(scope.values)
+        and bool(above)
+        and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
+    )
 
 
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
@@ -211,7 +211,11 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
                     return case[path] if path in case else scope.defaults[path]
                 if len(scope.values.get(path, ())) == 1:
                     return scope.values[path][0]
-                if _absent(scope, node, path):  # the default given, or None
+                if (
+                    _unwritten(scope, path)
+                    and isinstance(node, ast.Call)
+                    and dotted_name(node.func).endswith(".get")
+                ):
                     return node.args[1] if len(node.args) > 1 else ast.Constant(None)
                 return Unknown(".".join(path))
             name = dotted_name(node)
@@ -226,7 +230,8 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
     verdicts = []
     for values in cases:
         case = dict(zip(known, values))
-        shown = ", ".join(f"{_shown(scope, p)}={v!r}" for p, v in case.items())
+        shown = ", ".join([*(f"{_shown(scope, p)}={v!r}" for p, v in case.items()),
+                           *(f"{_shown(scope, p)} not written" for p in fields if _unwritten(scope, p))])  # fmt: skip
         parts = [truth(t, lookup_in(case), qualify) for t in refusal.tests]
         v = False if False in parts else (None if None in parts else True)
         if v:
@@ -248,8 +253,9 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
         reader = _Reader([], {}, scope.attrs)
         reader.env = dict(scope.roots)
         reader.aliases(scope.fn.body)
-        ours = [
-            (r, [p for p in fields_read(r.tests, reader) if scope.ours(p)]) for r in refusals_in(scope.fn)
+        ours = [  # what we write, and keys of the export it leaves out (reported when their default is refused)
+            (r, [p for p in fields_read(r.tests, reader) if scope.ours(p) or _unwritten(scope, p)])
+            for r in refusals_in(scope.fn)
         ]
         ours = [(r, fields) for r, fields in ours if fields]
         if not ours:
@@ -267,6 +273,8 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
                 continue
             refused, case = _verdict(r, scope, reader, fields, consts[scope.module],
                                      _qualifier(imports[scope.module]))  # fmt: skip
+            if not refused and not any(scope.ours(p) for p in fields):
+                continue  # on keys we do not write, whose defaults pass or cannot be told: not ours
             fix = next(
                 (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
             )
