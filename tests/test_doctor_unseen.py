@@ -661,8 +661,9 @@ _OFF_PATH = {
     "config.py": (
         "    num_speculative_tokens: int = 1\n\n    def __post_init__(self):\n",
         "    num_speculative_tokens: int = 1\n    draft: object = None\n\n    def __post_init__(self):\n"
-        # vLLM 0.33's shapes: a local flag of the engine's own (using_transformers_mtp) ...
-        '        use_mtp = self.method == "mtp" and self.supports_mtp()\n'
+        # vLLM 0.33's shapes: a local flag of the engine's own (using_transformers_mtp), which none of our
+        # values decides ...
+        "        use_mtp = self.supports_mtp()\n"
         "        if use_mtp and self.num_speculative_tokens > 1:\n"
         '            raise ValueError("mtp: one step")\n'
         # ... a particular value of a field the engine derives from what we pass (draft_model_config.architectures)

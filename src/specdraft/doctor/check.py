@@ -312,6 +312,8 @@ def _entry_sig(e: Entry, tree: SourceTree, static: bool, symbol: str) -> tuple[S
             return None, f"signature of {symbol} cannot be read from source (built outside {tree.root})"
         return sig, ""
     probe = Entry(e.name, symbol)
+    if "." in symbol.partition(":")[2] and "NotImplementedError" in (stub := tree.resolve(symbol))[1]:
+        return None, stub[1]  # imports, but only as an inherited stub: calling it raises
     try:
         obj, drop = _import_entry(probe)
     except ImportError as exc:
@@ -332,7 +334,7 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
     static = static or (not e.on_cpu and device == "cpu")
     sig, why = _entry_sig(e, tree, static, e.symbol)
     if sig is None:
-        missing = "no " in why or "not found" in why or "cannot import" in why
+        missing = any(w in why for w in ("no ", "not found", "cannot import", "NotImplementedError"))
         problems.append(
             Problem(
                 "contract",
@@ -389,7 +391,8 @@ def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[
                     Problem(
                         "contract",
                         e.name,
-                        f"instances no longer have attribute(s) {missing}",
+                        f"instances no longer have attribute(s) {missing}"
+                        + "".join(f"; {h}" for a in missing if (h := tree.stub_hint(found, a))),
                         sev,
                         symbol=e.symbol,
                         location=found.location,
@@ -453,8 +456,9 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
             problems.append(Problem("extension", wsym, f"worker class not found: {why}", "warning"))
             continue
         found_any = True
+        every = instance_attributes(tree, found, stubs=True) or set()  # a stub clashes too
         attrs = instance_attributes(tree, found) or set()
-        clash = sorted(ext_names & attrs)
+        clash = sorted(ext_names & every)
         if clash:
             problems.append(
                 Problem(
@@ -471,8 +475,12 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
                     Problem(
                         "extension",
                         wsym,
-                        f"the extension uses self.{m}, which the worker class no longer has",
+                        f"the extension uses self.{m}, which the worker class no longer has"
+                        + (f": {hint}" if (hint := tree.stub_hint(found, m)) else ""),
                         location=found.location,
+                        fix=f"call what {found.node.name} has now (in {ext.path}), or pin a release that has it"
+                        if hint
+                        else "",
                     )
                 )
     if not found_any and ext.worker_classes:

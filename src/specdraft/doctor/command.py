@@ -49,15 +49,18 @@ doctor lists these as runtime-checked and the backends verify them on every call
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
+import inspect
 import json as _json
 import os
+import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -593,21 +596,9 @@ def _tree_stat(d: Path) -> str:
     return f"{d}:{n}:{size}:{newest}"
 
 
-#: specdraft's files the import-mode results depend on (the checker, the contract, the extension)
-_CHECKER_FILES = (
-    "engine/contract.py",
-    "doctor/check.py",
-    "doctor/source/reader.py",
-    "engine/formats.py",
-    "doctor/formats/reads.py",
-    "doctor/formats/check.py",
-    "doctor/formats/model.py",
-    "engine/usage.py",
-    "doctor/usage_check.py",
-    "engine/vllm_rpc.py",
-    "capture/vllm.py",
-    "eval/vllm_worker.py",
-)
+#: specdraft's files the import-mode results depend on: the checker and contract packages, and the worker
+#: extensions (besides ``doctor/`` and ``engine/``)
+_CHECKER_FILES = ("capture/vllm.py", "eval/vllm_worker.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -615,25 +606,62 @@ def _installed_distributions() -> str:
     return "\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()))
 
 
-def _contract_fingerprint(contract: Contract, device: str, architectures: Sequence[str]) -> str | None:
-    """A key for the import-mode results of ``contract``: None when the engine is not installed.
+def content(obj: Any) -> Any:
+    """``obj`` as JSON data made of its content only, the same in every process: dataclasses as their fields,
+    a function as its qualified name and a hash of its source (never ``repr()``, which holds an address)."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            "@": type(obj).__qualname__,
+            **{f.name: content(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
+        }
+    if isinstance(obj, Mapping):
+        return [
+            [content(k), content(v)]
+            for k, v in sorted(obj.items(), key=lambda kv: _json.dumps(content(kv[0])))
+        ]
+    if isinstance(obj, (list, tuple)):
+        return [content(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted((content(v) for v in obj), key=_json.dumps)
+    if callable(obj):
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):
+            code = getattr(obj, "__code__", None)
+            text = repr((code.co_code, code.co_consts)) if code is not None else ""
+        return {
+            "@": getattr(obj, "__qualname__", type(obj).__qualname__),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
+    return re.sub(
+        r" at 0x[0-9a-fA-F]+", "", repr(obj)
+    )  # an object of another kind: its repr, less any address
 
-    It covers everything the results depend on: the contract itself, the device and architectures
-    checked, the interpreter, every ``.py`` file of the engine package (count, size, newest mtime),
-    the contents of specdraft's checker, contract and worker-extension files, and the name and
-    version of every installed distribution (pydantic, torch, ... shape the signatures too). Reading
-    it costs well under a second; importing vLLM costs 10-15 s on 2 cores, nearly all in
-    ``vllm/__init__`` (torch._inductor) and ``vllm.config``, which every declared symbol needs.
+
+def _contract_fingerprint(contract: Contract, device: str, architectures: Sequence[str]) -> str | None:
+    """A key for the import-mode results of ``contract``, made of content only: None when the engine is not
+    installed.
+
+    It covers everything the results depend on: the contract itself (:func:`content`), the device and
+    architectures checked, the interpreter, every ``.py`` file of the engine package (count, size, newest mtime),
+    the contents of specdraft's checker, contract and worker-extension files, and the name and version of every
+    installed distribution (pydantic, torch, ... shape the signatures too). Reading it costs well under a second;
+    importing vLLM costs 10-15 s on 2 cores, nearly all in ``vllm/__init__`` (torch._inductor) and
+    ``vllm.config``, which every declared symbol needs.
     """
     root = installed_root(contract.engine)
     if root is None or not (root / contract.engine).is_dir():
         return None
     h = hashlib.sha256()
-    h.update(repr((contract, device, tuple(architectures), sys.executable, sys.version)).encode())
+    key = [content(contract), device, list(architectures), sys.executable, sys.version]
+    h.update(_json.dumps(key, sort_keys=True).encode())
     h.update(_tree_stat(root / contract.engine).encode())
     here = Path(__file__).resolve().parents[1]  # src/specdraft
-    for name in _CHECKER_FILES:
-        h.update((here / name).read_bytes())
+    files = [*sorted(here.glob("doctor/**/*.py")), *sorted(here.glob("engine/**/*.py"))]
+    for f in [*files, *(here / name for name in _CHECKER_FILES)]:
+        h.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
     h.update(_installed_distributions().encode())
     return h.hexdigest()[:32]
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from specdraft.doctor.check import Problem, shorten
 from specdraft.doctor.formats.check import detect_format
-from specdraft.doctor.formats.reads import ITEM, _Reader
+from specdraft.doctor.formats.reads import _SAME_VALUE, ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
-from specdraft.doctor.refusals.judge import UNKNOWN, raises, truth
+from specdraft.doctor.refusals.judge import DESCEND, Unknown, truth
 from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
 from specdraft.doctor.source.reader import SourceTree, dotted_name
 from specdraft.engine.contract import Contract
@@ -158,33 +158,81 @@ def _gate(refusal: Refusal, scope: Scope, reader: _Reader, consts: Mapping[str, 
     return ""
 
 
+def _inlined(fn: ast.AST, before: int) -> dict[str, ast.expr]:
+    """``{name: value}`` of the locals of ``fn`` assigned once, before line ``before``, from an expression that
+    does not read them (``n = len(ids or [])``): the condition reads the value Python computes there."""
+    stores: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            stores.setdefault(n.id, []).append(n)
+        elif isinstance(n, ast.arg):
+            stores.setdefault(n.arg, []).append(n)
+    out: dict[str, ast.expr] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and n.lineno < before:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name) and len(stores[targets[0].id]) == 1:
+                if not any(isinstance(x, ast.Name) and x.id == targets[0].id for x in ast.walk(n.value)):
+                    out[targets[0].id] = n.value
+    return out
+
+
+def _unwritten(scope: Scope, path: FieldPath) -> bool:
+    """Whether ``path`` is a key of the export's config (or of a dict in it) that the export does not write."""
+    if scope.reader is None or scope.attrs or not path or path in scope.values:
+        return False
+    above = scope.values.get(path[:-1], ()) if len(path) > 1 else ({k[0]: 0 for k in scope.values},)
+    return (
+        bool(scope.values)
+        and bool(above)
+        and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
+    )
+
+
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
              consts: Mapping[str, Any], qualify=str) -> tuple[bool | None, str]:  # fmt: skip
     """Whether our values meet the refusal's condition (any known case does: True), and that case."""
     known = [p for p in fields if p in scope.values]
     cases = list(itertools.islice(itertools.product(*(scope.values[p] for p in known)), _MAX_CASES))
+    inline = _inlined(scope.fn, refusal.line)
 
     def lookup_in(case: dict[FieldPath, Any]):
+        budget = [32]  # inlined locals per condition (a cycle of them ends unknown)
+
         def lookup(node: ast.AST) -> Any:
-            if isinstance(node, ast.Call) and dotted_name(node.func) == "raises":
-                return raises(node, lookup, qualify)
+            if isinstance(node, ast.Name) and node.id in inline and budget[0] > 0:
+                budget[0] -= 1
+                return inline[node.id]
+            if isinstance(node, ast.Call) and dotted_name(node.func) in _SAME_VALUE:
+                return DESCEND  # Path(v), str(v): Python applies them to our value
             path = reader.path_of(node, False, frozenset())
-            if path:
-                return case.get(path, scope.defaults.get(path, UNKNOWN))
+            if path is not None:
+                if path in case or path in scope.defaults:
+                    return case[path] if path in case else scope.defaults[path]
+                if len(scope.values.get(path, ())) == 1:
+                    return scope.values[path][0]
+                if (
+                    _unwritten(scope, path)
+                    and isinstance(node, ast.Call)
+                    and dotted_name(node.func).endswith(".get")
+                ):
+                    return node.args[1] if len(node.args) > 1 else ast.Constant(None)
+                return Unknown(".".join(path))
             name = dotted_name(node)
             if name in consts and not isinstance(consts[name], dict):
                 return consts[name]
             if name in reader.tables:  # a local dict literal's keys, a registry's (filled by decorators)
                 return reader.tables[name]
-            return consts.get(name, UNKNOWN)
+            return consts.get(name, DESCEND)
 
         return lookup
 
     verdicts = []
     for values in cases:
         case = dict(zip(known, values))
-        shown = ", ".join(f"{_shown(scope, p)}={v!r}" for p, v in case.items())
-        parts = [truth(t, lookup_in(case)) for t in refusal.tests]
+        shown = ", ".join([*(f"{_shown(scope, p)}={v!r}" for p, v in case.items()),
+                           *(f"{_shown(scope, p)} not written" for p in fields if _unwritten(scope, p))])  # fmt: skip
+        parts = [truth(t, lookup_in(case), qualify) for t in refusal.tests]
         v = False if False in parts else (None if None in parts else True)
         if v:
             return True, shown
@@ -205,8 +253,9 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
         reader = _Reader([], {}, scope.attrs)
         reader.env = dict(scope.roots)
         reader.aliases(scope.fn.body)
-        ours = [
-            (r, [p for p in fields_read(r.tests, reader) if scope.ours(p)]) for r in refusals_in(scope.fn)
+        ours = [  # what we write, and keys of the export it leaves out (reported when their default is refused)
+            (r, [p for p in fields_read(r.tests, reader) if scope.ours(p) or _unwritten(scope, p)])
+            for r in refusals_in(scope.fn)
         ]
         ours = [(r, fields) for r, fields in ours if fields]
         if not ours:
@@ -224,6 +273,8 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
                 continue
             refused, case = _verdict(r, scope, reader, fields, consts[scope.module],
                                      _qualifier(imports[scope.module]))  # fmt: skip
+            if not refused and not any(scope.ours(p) for p in fields):
+                continue  # on keys we do not write, whose defaults pass or cannot be told: not ours
             fix = next(
                 (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
             )

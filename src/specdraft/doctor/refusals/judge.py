@@ -1,25 +1,31 @@
-"""A refusal's condition evaluated on our value, three-valued: True (refused), False (accepted), None (unknown).
+"""A refusal's condition evaluated by Python itself on our values, three-valued: True (refused), False
+(accepted), None (unknown).
 
-Only what is certain is evaluated: literals, module constants, our known values, comparisons (chained,
-``in``, ``is``), ``and``/``or``/``not``, arithmetic, ``len`` and ``isinstance`` with builtin types, a
-filesystem test of a path we pass (``Path(v).exists()``, ``os.path.isdir(v)``: on this machine, where the
-engine runs), and ``raises(CALL, TYPE)`` (a ``try`` whose handler refuses) when CALL is a library validator
-of :data:`VALIDATORS`, called on our value where that library is installed (:func:`raises`). Anything
-else (another call, an engine object, a value we do not know) is unknown, and so is a condition using it
-unless the rest decides it (``unknown and False`` is False).
+The condition's ``ast`` is compiled and run, with each part that holds one of our values (a field, an alias of
+one, a local assigned once) bound to that value, module constants and key tables bound to theirs, a small set
+of pure builtins, and everything else (engine state, a value we do not know, another call) bound to a fresh
+:class:`Unknown`, whose every operation (``bool()``, a comparison, ``len()``, iteration, ``in``, an attribute,
+a call, ``is``, ``isinstance``) raises :class:`Undecided`: then the verdict is unknown, never a guess. So
+``(x or 0) > 4096``, ``len(ids or []) < 4``, chained comparisons, ``any(...)``, ``d.get(k, 0)`` behave as in
+Python. A condition's top-level ``and``/``or``/``not`` combine truths (``unknown and False`` is False).
+A path of ours is tested on this machine, where the engine runs (``Path(v).exists()``,
+``os.path.isdir(v)``), and ``raises(CALL, TYPE)`` (a ``try`` whose handler refuses) calls CALL when it is a
+library validator of :data:`VALIDATORS` (:func:`_raises`).
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
 import importlib
-import operator
 import os
+import pathlib
 from collections.abc import Callable
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["UNKNOWN", "VALIDATORS", "raises", "truth", "value"]
+__all__ = ["DESCEND", "VALIDATORS", "Undecided", "Unknown", "truth"]
 
 #: library functions that only validate their argument (no engine code, no I/O): a refusal made of one
 #: of them failing is judged by calling it on our value
@@ -30,103 +36,99 @@ VALIDATORS = frozenset(
         "huggingface_hub.validate_repo_id",
     }
 )
-#: filesystem tests on a path value
-_PATH_METHODS = frozenset({"exists", "is_dir", "is_file", "is_symlink"})
-_OS_PATH: dict[str, Callable[[str], bool]] = {
-    "os.path.exists": os.path.exists,
-    "os.path.lexists": os.path.lexists,
-    "os.path.isdir": os.path.isdir,
-    "os.path.isfile": os.path.isfile,
-    "os.path.islink": os.path.islink,
+
+
+class Undecided(Exception):
+    """An operation on an :class:`Unknown`: the condition cannot be told for our values."""
+
+
+class Unknown:
+    """A value not known statically: every operation on it raises :class:`Undecided`."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+
+    def _undecided(self, *args: Any, **kwargs: Any) -> Any:
+        raise Undecided(object.__getattribute__(self, "name"))
+
+
+for _op in (
+    "bool len iter contains hash index int float fspath format str repr bytes call getitem getattr instancecheck "
+    "neg pos abs invert round eq ne lt le gt ge add sub mul truediv floordiv mod pow matmul and or xor lshift "
+    "rshift divmod radd rsub rmul rtruediv rfloordiv rmod rpow rmatmul rand ror rxor rlshift rrshift rdivmod"
+).split():
+    setattr(Unknown, f"__{_op}__", Unknown._undecided)
+
+#: the return of a lookup for a node that holds none of our values: its parts are looked up instead
+DESCEND: Any = object()
+
+
+def _isinstance(obj: Any, types: Any) -> bool:
+    spec = types if isinstance(types, tuple) else (types,)
+    if isinstance(obj, Unknown) or not all(isinstance(t, type) for t in spec):
+        raise Undecided("isinstance")
+    return isinstance(obj, spec)
+
+
+def _getattr(obj: Any, name: str, *default: Any) -> Any:
+    if not isinstance(name, str) or name.startswith("_"):
+        raise Undecided("getattr")
+    return getattr(obj, name, *default)
+
+
+def _is(a: Any, b: Any) -> bool:
+    if isinstance(a, Unknown) or isinstance(b, Unknown):
+        raise Undecided("is")  # an unknown value may be any object, None included
+    return a is b
+
+
+_PURE = (
+    "len any all min max int float str bool tuple list set frozenset dict sorted abs sum round zip enumerate "
+    "reversed hasattr"
+).split()
+_EXCEPTIONS = {
+    k: v for k, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)
+}
+BUILTINS: dict[str, Any] = {
+    **{k: getattr(builtins, k) for k in _PURE},
+    **_EXCEPTIONS,
+    "isinstance": _isinstance,
+    "getattr": _getattr,
+    "__is__": _is,
 }
 
-#: a value not known statically
-UNKNOWN: Any = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()
 
-_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_,
-    ast.IsNot: operator.is_not,
+class _Path:
+    """``pathlib.Path`` of our value, read-only: the tests of a path on this machine, nothing that writes."""
+
+    _READ = frozenset({"exists", "is_dir", "is_file", "is_symlink", "name", "suffix", "stem", "parts"})
+
+    def __init__(self, *parts: Any) -> None:
+        self._p = pathlib.Path(*(str(p._p) if isinstance(p, _Path) else p for p in parts))
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._READ:
+            raise Undecided(f"Path.{name}")
+        return getattr(self._p, name)
+
+    def __fspath__(self) -> str:
+        return str(self._p)
+
+    __str__ = __fspath__
+
+
+_OS_PATH = {f"os.path.{f}": getattr(os.path, f) for f in ("exists", "lexists", "isdir", "isfile", "islink")}
+#: dotted names (after the module's imports) bound to what they are
+_KNOWN: dict[str, Any] = {
+    **{p: _Path for p in ("Path", "pathlib.Path", "PurePath", "pathlib.PurePath")},
+    "os": SimpleNamespace(
+        path=SimpleNamespace(**{k.rsplit(".", 1)[1]: f for k, f in _OS_PATH.items()}), fspath=str
+    ),
+    "os.fspath": str,
+    **_OS_PATH,
 }
-_ARITH: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_TYPES: dict[str, type] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "dict": dict,
-    "list": list,
-    "tuple": tuple,
-    "set": set,
-}
-
-Lookup = Callable[[ast.AST], Any]
-
-
-def truth(node: ast.AST, lookup: Lookup) -> bool | None:
-    """Whether ``node`` is true for our values: True, False, or None when it cannot be told."""
-    v = value(node, lookup)
-    if v is UNKNOWN:
-        return None
-    try:
-        return bool(v)
-    except Exception:  # an object whose truth raises: not ours to decide
-        return None
-
-
-def _boolop(node: ast.BoolOp, lookup: Lookup) -> Any:
-    parts = [truth(v, lookup) for v in node.values]
-    decisive = isinstance(node.op, ast.Or)  # True decides an `or`, False an `and`
-    if decisive in parts:
-        return decisive
-    return UNKNOWN if None in parts else not decisive
-
-
-def _compare(node: ast.Compare, lookup: Lookup) -> Any:
-    left = value(node.left, lookup)
-    result: Any = True
-    for op, right_node in zip(node.ops, node.comparators):
-        right = value(right_node, lookup)
-        if left is UNKNOWN or right is UNKNOWN:
-            result = UNKNOWN
-        else:
-            try:
-                ok = _COMPARE[type(op)](left, right)
-            except Exception:  # comparing what cannot be compared: the engine raises elsewhere, not here
-                return UNKNOWN
-            if not ok:
-                return False
-        left = right
-    return result
-
-
-def _path_test(node: ast.Call, lookup: Lookup) -> Any:
-    """``p.exists()`` (``p`` a ``Path`` of our value) or ``os.path.exists(v)``, on this machine; else UNKNOWN."""
-    f = node.func
-    if isinstance(f, ast.Attribute) and f.attr in _PATH_METHODS and not node.args and not node.keywords:
-        v = value(f.value, lookup)
-        if isinstance(v, (str, Path)):
-            return getattr(Path(v), f.attr)()
-    dotted = ast.unparse(f)
-    if dotted in _OS_PATH and len(node.args) == 1 and not node.keywords:
-        v = value(node.args[0], lookup)
-        if isinstance(v, (str, Path)):
-            return _OS_PATH[dotted](str(v))
-    return UNKNOWN
 
 
 def _imported(qualname: str) -> Any:
@@ -137,93 +139,115 @@ def _imported(qualname: str) -> Any:
         return None
 
 
-def raises(node: ast.Call, lookup: Lookup, qualify: Callable[[str], str]) -> Any:
-    """``raises(CALL..., TYPE)`` (see :mod:`.collect`): True when a call of a library validator
-    (:data:`VALIDATORS`) on our value raises TYPE, False when every call returns; UNKNOWN otherwise (another
-    function, a value we do not know, the library not installed here).
-
-    Args:
-        node: the ``raises(...)`` call.
-        lookup: our values, as for :func:`value`.
-        qualify: the dotted name a name of the engine's module stands for (its imports followed).
-    """
-    *calls, kind = node.args
-    exc_type = _imported(qualify(ast.unparse(kind)))
-    if not calls or not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
-        return UNKNOWN
+def _raises(kind: str, *calls: Callable[[], Any]) -> bool:
+    """``raises(CALL..., TYPE)`` (see :mod:`.collect`): True when one call raises TYPE, False when every call
+    returns; :class:`Undecided` otherwise (a call of an unknown function, another failure)."""
+    exc_type = _imported(kind)
+    if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+        raise Undecided(kind)
     for call in calls:
-        if (
-            not isinstance(call, ast.Call)
-            or call.keywords
-            or qualify(ast.unparse(call.func)) not in VALIDATORS
-        ):
-            return UNKNOWN
-        fn = _imported(qualify(ast.unparse(call.func)))
-        args = [value(a, lookup) for a in call.args]
-        if fn is None or any(a is UNKNOWN for a in args):
-            return UNKNOWN
         try:
-            fn(*args)
+            call()
+        except Undecided:
+            raise
         except exc_type:
             return True
-        except Exception:  # another failure: not this refusal's
-            return UNKNOWN
+        except Exception as exc:  # another failure: not this refusal's
+            raise Undecided(kind) from exc
     return False
 
 
-def _call(node: ast.Call, lookup: Lookup) -> Any:
-    tested = _path_test(node, lookup)
-    if tested is not UNKNOWN:
-        return tested
-    name = node.func.id if isinstance(node.func, ast.Name) else ""
-    if name == "len" and len(node.args) == 1:
-        v = value(node.args[0], lookup)
-        return UNKNOWN if v is UNKNOWN or not hasattr(v, "__len__") else len(v)
-    if name == "isinstance" and len(node.args) == 2:
-        v = value(node.args[0], lookup)
-        spec = node.args[1]
-        names = spec.elts if isinstance(spec, ast.Tuple) else [spec]
-        types = [_TYPES.get(n.id) if isinstance(n, ast.Name) else None for n in names]
-        if v is UNKNOWN or None in types:
-            return UNKNOWN
-        return isinstance(v, tuple(t for t in types if t is not None))
-    return lookup(node)
+class _Bind(ast.NodeTransformer):
+    """The condition with our values' nodes replaced by names bound to them (:attr:`bound`)."""
+
+    def __init__(self, lookup: Callable[[ast.AST], Any], qualify: Callable[[str], str], local: set[str]):
+        self.lookup, self.qualify, self.local = lookup, qualify, local
+        self.bound: dict[str, Any] = {}
+
+    def _bind(self, value: Any, node: ast.AST) -> ast.Name:
+        name = f"_v{len(self.bound)}"
+        self.bound[name] = copy.deepcopy(value) if not isinstance(value, Unknown) else value
+        return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
+
+    def visit(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.expr) and not isinstance(node, ast.Constant):
+            if not (isinstance(node, ast.Name) and node.id in self.local):
+                got = self.lookup(node)
+                if isinstance(
+                    got, ast.expr
+                ):  # an alias or a local, inlined (a copy: the tree is the engine's)
+                    return self.visit(copy.deepcopy(got))
+                if got is not DESCEND:
+                    return self._bind(got, node)
+        return super().visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        if node.attr.startswith("__"):
+            return self._bind(Unknown(node.attr), node)
+        return self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in self.local or node.id in BUILTINS:
+            return node
+        q = self.qualify(node.id)
+        known = _KNOWN.get(q, _imported(q) if q in VALIDATORS else None)
+        return self._bind(known if known is not None else Unknown(node.id), node)
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        node = self.generic_visit(node)
+        if not any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return node
+        parts: list[ast.expr] = []
+        for a, op, b in zip([node.left, *node.comparators], node.ops, node.comparators):
+            if isinstance(op, (ast.Is, ast.IsNot)):
+                test: ast.expr = ast.Call(ast.Name("__is__", ast.Load()), [a, b], [])
+                parts.append(ast.UnaryOp(ast.Not(), test) if isinstance(op, ast.IsNot) else test)
+            else:
+                parts.append(ast.Compare(a, [op], [b]))
+        return ast.copy_location(ast.BoolOp(ast.And(), parts) if len(parts) > 1 else parts[0], node)
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        if isinstance(node.func, ast.Name) and node.func.id == "raises" and len(node.args) > 1:
+            *calls, kind = node.args
+            thunks = [ast.Lambda(ast.arguments([], [], None, [], [], None, []), self.visit(c)) for c in calls]
+            kind_name = ast.Constant(self.qualify(ast.unparse(kind)))
+            return ast.copy_location(ast.Call(self._bind(_raises, node), [kind_name, *thunks], []), node)
+        return self.generic_visit(node)
 
 
-def value(node: ast.AST, lookup: Lookup) -> Any:
-    """The value of ``node`` for our values, or :data:`UNKNOWN`; ``lookup`` gives names, attributes,
-    subscripts and calls (our fields, module constants) or :data:`UNKNOWN`."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        elts = [value(e, lookup) for e in node.elts]
-        if any(e is UNKNOWN for e in elts):
-            return UNKNOWN
-        try:
-            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](elts)
-        except TypeError:  # an unhashable member of a set
-            return UNKNOWN
-    if isinstance(node, ast.BoolOp):
-        return _boolop(node, lookup)
-    if isinstance(node, ast.UnaryOp):
-        if isinstance(node.op, ast.Not):
-            t = truth(node.operand, lookup)
-            return UNKNOWN if t is None else not t
-        v = value(node.operand, lookup)
-        if isinstance(node.op, ast.USub) and isinstance(v, (int, float)) and not isinstance(v, bool):
-            return -v
-        return UNKNOWN
-    if isinstance(node, ast.Compare):
-        return _compare(node, lookup)
-    if isinstance(node, ast.BinOp):
-        a, b = value(node.left, lookup), value(node.right, lookup)
-        op = _ARITH.get(type(node.op))
-        if op is None or a is UNKNOWN or b is UNKNOWN:
-            return UNKNOWN
-        try:
-            return op(a, b)
-        except Exception:  # a division by zero, a type mismatch: unknown here
-            return UNKNOWN
-    if isinstance(node, ast.Call):
-        return _call(node, lookup)
-    return lookup(node)
+def _evaluate(test: ast.expr, lookup: Callable[[ast.AST], Any], qualify: Callable[[str], str]) -> bool | None:
+    local: set[str] = set()  # names the condition binds itself (comprehensions, lambdas, :=)
+    for c in ast.walk(test):
+        if isinstance(c, (ast.comprehension, ast.NamedExpr)):
+            local |= {n.id for n in ast.walk(c.target) if isinstance(n, ast.Name)}
+        elif isinstance(c, ast.Lambda):
+            local |= {a.arg for a in ast.walk(c.args) if isinstance(a, ast.arg)}
+    binder = _Bind(lookup, qualify, local)
+    expr = ast.fix_missing_locations(ast.Expression(binder.visit(copy.deepcopy(test))))
+    try:
+        code = compile(expr, "<refusal>", "eval")
+        return bool(eval(code, {"__builtins__": BUILTINS, **binder.bound}))  # noqa: S307 -- sandboxed: see module doc
+    except Exception:  # Undecided, or the condition failing on our value (the engine raises elsewhere)
+        return None
+
+
+def truth(
+    test: ast.expr, lookup: Callable[[ast.AST], Any], qualify: Callable[[str], str] = str
+) -> bool | None:
+    """Whether ``test`` is true for our values: True, False, or None when it cannot be told.
+
+    Args:
+        test: the condition.
+        lookup: for a node, our value it holds (an :class:`Unknown` when ours and not known), an expression
+            to evaluate in its place (an alias inlined), or :data:`DESCEND` (none of ours: its parts are
+            looked up).
+        qualify: the dotted name a name of the engine's module stands for (its imports followed).
+    """
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        t = truth(test.operand, lookup, qualify)
+        return None if t is None else not t
+    if isinstance(test, ast.BoolOp):
+        parts = [truth(v, lookup, qualify) for v in test.values]
+        decisive = isinstance(test.op, ast.Or)  # True decides an `or`, False an `and`
+        return decisive if decisive in parts else (None if None in parts else not decisive)
+    return _evaluate(test, lookup, qualify)

@@ -600,8 +600,3 @@ def live_check(
         return [*notes, crash], timings
     timings["stages"] = out.get("timings", {})
     return [*_report(key, out, info, built, env), *notes], timings
-
-
-def problems_json(problems: Sequence[Problem]) -> list[dict[str, Any]]:
-    """The problems as JSON-ready dicts (for ``doctor --json``)."""
-    return [asdict(p) for p in problems]

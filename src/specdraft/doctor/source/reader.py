@@ -53,6 +53,7 @@ __all__ = [
     "attribute_class",
     "generated_init",
     "instance_attributes",
+    "is_stub",
     "signature",
     "top_statements",
     "unguarded_cuda_calls",
@@ -160,6 +161,21 @@ def _dotted(node: ast.AST) -> str:
 
 def _is_overload(fn: ast.AST) -> bool:
     return any(_dotted(d).split(".")[-1] == "overload" for d in getattr(fn, "decorator_list", []))
+
+
+def is_stub(node: ast.AST) -> bool:
+    """A method that is abstract or whose body only raises ``NotImplementedError`` (after a docstring/``pass``)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    if any(_dotted(d).split(".")[-1] in ("abstractmethod", "abstractproperty") for d in node.decorator_list):
+        return True
+    body = [
+        b
+        for b in node.body
+        if not isinstance(b, ast.Pass) and not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))
+    ]
+    exc = body[0].exc if len(body) == 1 and isinstance(body[0], ast.Raise) else None
+    return _dotted(exc.func if isinstance(exc, ast.Call) else exc) == "NotImplementedError" if exc else False
 
 
 class ModuleFiles:
@@ -314,8 +330,9 @@ class SourceTree(ModuleFiles):
         visit(cls)
         return out, external
 
-    def member(self, cls: Found, name: str) -> Found | None:
-        """A method or attribute ``name`` defined in ``cls`` or a base class in this tree."""
+    def member(self, cls: Found, name: str, stubs: bool = False) -> Found | None:
+        """A method or attribute ``name`` defined in ``cls`` or a base class in this tree; one that ``cls`` only
+        inherits as a stub (:func:`is_stub`: calling it raises) is none, unless ``stubs``."""
         for c in self.mro(cls)[0]:
             hits = [s for s in c.node.body if _defines_member(s, name)]
             if hits:
@@ -324,8 +341,23 @@ class SourceTree(ModuleFiles):
                 kind = "function" if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else "attr"
                 if isinstance(node, ast.ClassDef):
                     kind = "class"
+                if c is not cls and not stubs and is_stub(node):
+                    return None
                 return Found(kind, c.module, c.path, node, owner=c)
         return None
+
+    def stub(self, cls: Found, name: str) -> Found | None:
+        """The stub that ``cls`` inherits as ``name`` (its first definition, in a base, :func:`is_stub`), if so."""
+        found = self.member(cls, name, stubs=True)
+        return found if found is not None and found.owner is not cls and is_stub(found.node) else None
+
+    def stub_hint(self, cls: Found, name: str) -> str:
+        """What to say of an inherited stub ``name`` of ``cls`` ('' when it is not one)."""
+        s = self.stub(cls, name)
+        if s is None or s.owner is None:
+            return ""
+        return (f"{cls.node.name} only inherits {s.owner.node.name}.{name} ({s.location}), which is abstract or "
+                "only raises NotImplementedError: renamed or removed on the class itself?")  # fmt: skip
 
     def resolve(self, symbol: str) -> tuple[Found | None, str]:
         """Resolve ``"module:Qual.name"``; on failure also say where the path broke."""
@@ -347,6 +379,8 @@ class SourceTree(ModuleFiles):
 
     def _missing_hint(self, parent: Found, part: str) -> str:
         names: set[str] = set()
+        if parent.kind == "class" and self.stub(parent, part) is not None:
+            return self.stub_hint(parent, part)
         if parent.kind == "class":
             for c in self.mro(parent)[0]:
                 names |= {getattr(s, "name", "") for s in c.node.body}
@@ -586,14 +620,20 @@ def _field_options(value: ast.expr | None, kw_mode: bool) -> tuple[bool, bool, b
 # ---------------------------------------------------------------------------------------------
 # instance attributes read from source
 # ---------------------------------------------------------------------------------------------
-def instance_attributes(tree: SourceTree, cls: Found) -> set[str] | None:
-    """Names readable on instances of ``cls`` (None when ``__getattr__`` makes them dynamic)."""
+def instance_attributes(tree: SourceTree, cls: Found, stubs: bool = False) -> set[str] | None:
+    """Names readable on instances of ``cls`` (None when ``__getattr__`` makes them dynamic); a method it only
+    inherits as a stub (:func:`is_stub`) is not one, unless ``stubs`` or an instance attribute of that name is
+    assigned."""
     names: set[str] = set()
+    assigned: set[str] = set()
+    inherited_stubs: set[str] = set()
     for c in tree.mro(cls)[0]:
         for s in c.node.body:
             if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if s.name == "__getattr__":
                     return None
+                if s.name not in names and c is not cls and is_stub(s):  # its first definition
+                    inherited_stubs.add(s.name)
                 names.add(s.name)
             elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
                 names.add(s.target.id)
@@ -606,8 +646,8 @@ def instance_attributes(tree: SourceTree, cls: Found) -> set[str] | None:
                 and isinstance(node.value, ast.Name)
                 and node.value.id == "self"
             ):
-                names.add(node.attr)
-    return names
+                assigned.add(node.attr)
+    return (names if stubs else names - inherited_stubs) | assigned
 
 
 def attribute_class(tree: SourceTree, cls: Found, attr: str) -> Found | None:
