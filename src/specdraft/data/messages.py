@@ -21,10 +21,11 @@ What a record may hold, and what each becomes (every record dropped keeps a reas
   an `observation` turn a tool result.
 - Reasoning: a field (`reasoning_content`, `reasoning` or `thinking`) or inline at the start of the content
   (`<think>...</think>`). The rule when both are present: the record is dropped ("reasoning given twice"),
-  since no rule can tell which one the target produced. Normalised, reasoning always travels as the
-  message's `reasoning_content` field (the name vLLM's reasoning parsers and the hybrid-thinking templates
-  use) and the content holds no `<think>` block; the content as given is kept aside
+  since no rule can tell which one the target produced. Normalised, reasoning travels as the message's
+  `reasoning_content` field and the content holds no `<think>` block; the content as given is kept aside
   (`Conversation.inline_reasoning`) for a template that renders no reasoning (there it stays in the content).
+  The template gets the reasoning under the name it reads (`Conversation.reasoning_name`, found by
+  `render.template_traits`: `reasoning_content`, `reasoning` or `thinking`, as gpt-oss's template reads it).
 
 A conversation whose first turn (after any system prompt) is not from the user keeps the rest from its
 first user turn on, as SpecForge does; the repair is counted.
@@ -75,6 +76,7 @@ class Conversation:
     tools: list[dict] | None = None
     inline_reasoning: dict[int, str] = field(default_factory=dict)  # message -> its content as given
     arguments_text: dict[tuple[int, int], str] = field(default_factory=dict)  # (message, call) -> as given
+    reasoning_name: str = "reasoning_content"  # the field the chat template reads reasoning from
 
     @property
     def has_reasoning(self) -> bool:

@@ -47,6 +47,7 @@ from specdraft.data.render import (
     KINDS,
     REASONING_FORMATS,
     REASONING_LEFT_OUT,
+    REASONING_LEFT_OUT_CHANNELS,
     Sample,
     choose_template,
     conversation_samples,
@@ -365,6 +366,11 @@ def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length
             print(f"prepare: the chat template renders no reasoning, so the reasoning field of "
                   f"{len(r.report.repaired[REASONING_LEFT_OUT])} conversations was left out of their samples; "
                   "--reasoning-format think trains it in the content, in a <think> block before the answer")  # fmt: skip
+        if REASONING_LEFT_OUT_CHANNELS in r.report.repaired:
+            print(f"prepare: the chat template renders no reasoning under reasoning_content, reasoning or thinking, "
+                  f"so the reasoning of {len(r.report.repaired[REASONING_LEFT_OUT_CHANNELS])} conversations was "
+                  "left out; it writes channels (harmony), so the reasoning trains only where it reads it: pass a "
+                  "--chat-template that reads one of those fields")  # fmt: skip
 
 
 def content_hash(data_file: Path, counts_file: Path) -> str:

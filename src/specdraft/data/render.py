@@ -13,6 +13,12 @@ renderings, never where token sequences diverge:
   convention); any other means no prompt leads to the turn: the conversation is dropped. So is a turn with
   reasoning after a prompt that closes an empty think block (thinking switched off, reasoning in the data).
 
+Reasoning reaches the template under the name it reads: each of `reasoning_content`, `reasoning` and
+`thinking` (gpt-oss's template reads `message.thinking`) is probed, and the first the template renders is the
+one every message carries (`Conversation.reasoning_name`); "the chat template renders no reasoning" is said only
+when none renders, and a template that writes channels (harmony's `<|channel|>analysis`) never gets `<think>`
+advice or a `<think>` block.
+
 Reasoning, never in a form the template does not give: rendered by the template (the turn shows it); else,
 when the prompt opens a think block, the reasoning then the closing tag (the template's own, else R1's
 `\n</think>\n\n`); else, when the turn's rendering holds an empty think block and the template shows reasoning
@@ -49,7 +55,7 @@ import bisect
 import re
 from dataclasses import dataclass, field, replace
 
-from specdraft.data.messages import Conversation, Dropped
+from specdraft.data.messages import REASONING_FIELDS, Conversation, Dropped
 from specdraft.targets import CHAT_TEMPLATE_FIX, has_chat_template
 
 KINDS = ("reasoning", "content", "tool_call")
@@ -59,6 +65,8 @@ R1_CLOSE = (
 )
 REASONING_LEFT_OUT = ("reasoning field left out: the chat template renders no reasoning (reasoning_format "
                       "think puts it in the content as <think>...</think>)")  # fmt: skip
+REASONING_LEFT_OUT_CHANNELS = ("reasoning field left out: the chat template renders no reasoning under "
+                               f"{', '.join(REASONING_FIELDS)} (it writes channels: give the reasoning under the field it reads)")  # fmt: skip
 REASONING_LEFT_OUT_HERE = "reasoning field left out of a turn whose prompt the template gives no think block"
 NO_PROMPT = ("no prompt leads to this turn: the template renders it unlike the generation prompt it builds for "
              "it (thinking switched off with reasoning in the data? check --chat-template-kwargs)")  # fmt: skip
@@ -70,6 +78,9 @@ _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
+_CHANNELS = re.compile(
+    r"<\|channel\|>"
+)  # harmony-style turns (gpt-oss): analysis / commentary / final channels
 
 
 @dataclass
@@ -97,12 +108,15 @@ class Turn:
 
 @dataclass(frozen=True)
 class Traits:
-    """What a template does with reasoning, learned from probe renderings: `think`, (open, close) around the
-    reasoning of a turn it renders it for (None: it renders none); `opens_think`, its generation prompt
-    ends with an open think block."""
+    """What a template does with reasoning, learned from probe renderings: `think`, (open, close) `<think>`
+    tags around the reasoning of a turn it renders it for (None: it renders none, or not in think tags);
+    `opens_think`, its generation prompt ends with an open think block; `name`, the message field it renders
+    reasoning from (None: none of `REASONING_FIELDS`); `channels`, it writes harmony-style channels."""
 
     think: tuple[str, str] | None
     opens_think: bool
+    name: str | None = None
+    channels: bool = False
 
 
 def has_generation_markers(tokenizer) -> bool:
@@ -114,11 +128,21 @@ def render(tokenizer, conv: Conversation, n: int, generation_prompt: bool, kwarg
     """The template's text for the first `n` messages (with the tools and template kwargs); an error the
     template raises becomes `Dropped` with its message."""
     try:
-        return tokenizer.apply_chat_template(conv.messages[:n], tools=conv.tools, tokenize=False,
+        return tokenizer.apply_chat_template(named(conv.messages[:n], conv.reasoning_name), tools=conv.tools,
+                                             tokenize=False,
                                              add_generation_prompt=generation_prompt, **kwargs)  # fmt: skip
     except Exception as e:  # anything a template raises is about this conversation: drop it, say why
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise Dropped(f"chat template error: {msg}") from e
+
+
+def named(messages: list[dict], name: str) -> list[dict]:
+    """The messages with each turn's reasoning under `name` (the field the template reads) instead of
+    `reasoning_content`."""
+    if name == "reasoning_content":
+        return messages
+    return [{**{k: v for k, v in m.items() if k != "reasoning_content"}, name: m["reasoning_content"]}
+            if "reasoning_content" in m else m for m in messages]  # fmt: skip
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -136,8 +160,9 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
     kwargs = kwargs or {}
     conv = _takes_arguments(tokenizer, conv, kwargs)
     traits = template_traits(tokenizer, kwargs)
+    conv = replace(conv, reasoning_name=traits.name or "reasoning_content")
     conv, left_out = _reasoning_as_the_template_shows_it(conv, traits, reasoning_format)
-    said = [REASONING_LEFT_OUT] * left_out
+    said = [REASONING_LEFT_OUT_CHANNELS if traits.channels else REASONING_LEFT_OUT] * left_out
     if has_generation_markers(tokenizer) and not conv.tools and not conv.has_reasoning:
         out = tokenizer.apply_chat_template(conv.messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True, **kwargs)  # fmt: skip
@@ -214,10 +239,13 @@ def _reasoning_as_the_template_shows_it(
     """`conv` unchanged for a template that gives reasoning a form (renders it, or its prompt opens a think
     block); else with inline reasoning back in the content as given, reasoning fields in the content in the
     named `fmt`, or left out: (conversation, how many turns' reasoning was left out)."""
-    if traits.think or traits.opens_think or not conv.has_reasoning:
+    if traits.think or traits.opens_think or traits.name or not conv.has_reasoning:
         return conv, 0
     if fmt and fmt not in REASONING_FORMATS:
         raise ValueError(f"reasoning format {fmt!r}: choose one of {sorted(REASONING_FORMATS)}")
+    if fmt and traits.channels:
+        raise ValueError(f"reasoning format {fmt!r} puts <think> tags in the content, which a channel template "
+                         "(harmony) never writes: give the reasoning under the name the template reads")  # fmt: skip
     msgs, left_out = [], 0
     for i, m in enumerate(conv.messages):
         reasoning = m.get("reasoning_content")
@@ -239,6 +267,8 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
     """Assistant turn `i` as the target writes it after the prompt the template builds for it (see the module
     docstring); raises `Dropped` when no prompt leads to it or the template cannot render its tool calls."""
     traits = traits or template_traits(tokenizer, kwargs)
+    if traits.name and conv.reasoning_name != traits.name:
+        conv = replace(conv, reasoning_name=traits.name)
     msg = conv.messages[i]
     reasoning = (msg.get("reasoning_content") or "").strip()
     before, upto = render(tokenizer, conv, i, True, kwargs), render(tokenizer, conv, i + 1, False, kwargs)
@@ -311,22 +341,33 @@ def think_format(tokenizer, kwargs: dict) -> tuple[str, str] | None:
 
 
 def _probe(tokenizer, kwargs: dict) -> Traits:
+    """Each reasoning name in turn (`REASONING_FIELDS`), on a final answer then a tool-calling turn (with a
+    9-character call id, which Mistral's templates require): the first name the template renders, and how."""
     user = {"role": "user", "content": "Q"}
-    call = {"type": "function", "id": "call_0", "function": {"name": "f", "arguments": {}}}
-    opens, think = False, None
-    for turn in ({"content": "ANSWER"}, {"content": "", "tool_calls": [call]}):
-        conv = Conversation([user, {"role": "assistant", "reasoning_content": _PROBE, **turn}])
-        try:
-            prompt, text = render(tokenizer, conv, 1, True, kwargs), render(tokenizer, conv, 2, False, kwargs)
-        except Dropped:  # a template that refuses the probe teaches nothing
-            continue
-        opens = opens or bool(_OPENS_THINK.search(prompt))
-        at = text.find(_PROBE)
-        open_ = _OPENS_THINK.search(text, 0, at) if at >= 0 else None
-        close = _CLOSE_THINK.match(text, at + len(_PROBE)) if at >= 0 else None
-        if think is None and open_ and close:
-            think = (open_.group(0), close.group(0))
-    return Traits(think, opens)
+    call = {"type": "function", "id": "call00000", "function": {"name": "f", "arguments": {}}}
+    opens, think, name, channels = False, None, None, False
+    for field_name in REASONING_FIELDS:
+        for turn in ({"content": "ANSWER"}, {"content": "", "tool_calls": [call]}):
+            conv = Conversation([user, {"role": "assistant", "reasoning_content": _PROBE, **turn}],
+                                reasoning_name=field_name)  # fmt: skip
+            try:
+                prompt, text = (
+                    render(tokenizer, conv, 1, True, kwargs),
+                    render(tokenizer, conv, 2, False, kwargs),
+                )
+            except Dropped:  # a template that refuses the probe teaches nothing
+                continue
+            opens = opens or bool(_OPENS_THINK.search(prompt))
+            channels = channels or bool(_CHANNELS.search(text))
+            at = text.find(_PROBE)
+            if at < 0:
+                continue
+            name = name or field_name
+            open_ = _OPENS_THINK.search(text, 0, at)
+            close = _CLOSE_THINK.match(text, at + len(_PROBE))
+            if think is None and open_ and close and field_name == name:
+                think = (open_.group(0), close.group(0))
+    return Traits(think, opens, name, channels)
 
 
 def _check_turn(tokenizer, t: Turn, sample: Sample, n_prompt: int) -> None:
