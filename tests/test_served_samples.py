@@ -114,10 +114,19 @@ def tpl(tok, messages: list[dict], tools, gen: bool) -> str:
     return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
 
 
+def parser_split(text: str) -> tuple[str, str]:
+    """(reasoning, content) of `<think>R</think>C` as vLLM's reasoning parsers give them to a client."""
+    reasoning, _, content = text.partition("<think>")[2].partition("</think>")
+    return reasoning, content
+
+
 def as_read(conv, name: str) -> list[dict]:
-    """The conversation's messages with each turn's reasoning under `name`, written out here (not by specdraft)."""
+    """The conversation's messages as a client sends them back (inline reasoning split as the reasoning parser
+    splits it), each turn's reasoning under `name`: written out here, not by specdraft."""
+    msgs = [{**m, **dict(zip(("reasoning_content", "content"), parser_split(conv.inline_reasoning[i])))}
+            if i in conv.inline_reasoning else m for i, m in enumerate(conv.messages)]  # fmt: skip
     return [{**{k: v for k, v in m.items() if k != "reasoning_content"}, name: m["reasoning_content"]}
-            if m.get("reasoning_content") else m for m in conv.messages]  # fmt: skip
+            if m.get("reasoning_content") else m for m in msgs]  # fmt: skip
 
 
 def check(tok, family: str, conv, samples) -> int:

@@ -29,6 +29,14 @@ puts it in the content as `<think>\n...\n</think>\n\n` instead). Tool calls the 
 the conversation with a reason naming the template. A template error drops the conversation with the template's
 message; a template that cannot take tool-call arguments as objects gets them as the data gave them (text).
 
+The whitespace rule around inline reasoning: the data's `<think>R</think>C` is split as vLLM's reasoning parsers
+split what the target writes, the reasoning field a multi-turn client sends back (R, as written between the
+tags) and the content (C, all after `</think>`, its leading whitespace included); the template then renders
+both as it renders any client's messages. Where specdraft builds the turn itself (after a prompt that opens a
+think block, or around Kimi's empty block), the content's own leading whitespace follows the closing tag and
+the tag's trailing whitespace is dropped (`</think>\n\nC` as the target wrote it, never `</think>\n\n\n\nC`), and
+the reasoning's edge whitespace gives way to the template's open/close whitespace.
+
 Samples: when every turn is the template's own rendering and every `before` + turn is a prefix of the whole
 conversation's rendering (a stable template), the conversation is one sample: that rendering tokenized once,
 each turn's span mapped through the fast tokenizer's offsets. The straddle rule: no token of a one-sample
@@ -74,6 +82,7 @@ NO_TEXT = ("the template renders an assistant turn unlike its own generation pro
            "(check --chat-template-kwargs, e.g. enable_thinking, against the data)")  # fmt: skip
 _CLOSE_THINK = re.compile(r"\s*</think>\s*")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+_EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the content's whitespace left to it
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
@@ -128,7 +137,7 @@ def render(tokenizer, conv: Conversation, n: int, generation_prompt: bool, kwarg
     """The template's text for the first `n` messages (with the tools and template kwargs); an error the
     template raises becomes `Dropped` with its message."""
     try:
-        return tokenizer.apply_chat_template(named(conv.messages[:n], conv.reasoning_name), tools=conv.tools,
+        return tokenizer.apply_chat_template(as_sent(conv, n), tools=conv.tools,
                                              tokenize=False,
                                              add_generation_prompt=generation_prompt, **kwargs)  # fmt: skip
     except Exception as e:  # anything a template raises is about this conversation: drop it, say why
@@ -136,13 +145,19 @@ def render(tokenizer, conv: Conversation, n: int, generation_prompt: bool, kwarg
         raise Dropped(f"chat template error: {msg}") from e
 
 
-def named(messages: list[dict], name: str) -> list[dict]:
-    """The messages with each turn's reasoning under `name` (the field the template reads) instead of
-    `reasoning_content`."""
+def as_sent(conv: Conversation, n: int) -> list[dict]:
+    """The first `n` messages as a client sends them back and the template reads them: inline reasoning split
+    as the reasoning parser splits it (`Conversation.parsed`, the whitespace rule), each turn's reasoning under
+    the field the template reads (`Conversation.reasoning_name`) instead of `reasoning_content`."""
+    msgs = conv.messages[:n]
+    if conv.parsed:
+        msgs = [{**m, "reasoning_content": conv.parsed[i][0], "content": conv.parsed[i][1]}
+                if i in conv.parsed and "reasoning_content" in m else m for i, m in enumerate(msgs)]  # fmt: skip
+    name = conv.reasoning_name
     if name == "reasoning_content":
-        return messages
+        return msgs
     return [{**{k: v for k, v in m.items() if k != "reasoning_content"}, name: m["reasoning_content"]}
-            if "reasoning_content" in m else m for m in messages]  # fmt: skip
+            if "reasoning_content" in m else m for m in msgs]  # fmt: skip
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -259,7 +274,7 @@ def _reasoning_as_the_template_shows_it(
             else:
                 left_out += 1
         msgs.append(m)
-    return replace(conv, messages=msgs, inline_reasoning={}), left_out
+    return replace(conv, messages=msgs, inline_reasoning={}, parsed={}), left_out
 
 
 def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Traits | None = None,
@@ -296,15 +311,25 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
         elif opened and reasoning and reasoning in text:
             text = verbatim = text[opened.end() :].removeprefix(extra[len(extra.rstrip()) :])
         if not (reasoning and reasoning in text):
-            text = reasoning + (traits.think[1] if traits.think else R1_CLOSE) + text
+            text = reasoning + _close_before(traits.think[1] if traits.think else R1_CLOSE, text) + text
     elif reasoning and reasoning not in text:
-        empty = _EMPTY_THINK.match(text)
+        empty = _EMPTY_BLOCK.match(text)
         if empty and traits.think:  # an empty think block where the template shows reasoning elsewhere
             verbatim = text[empty.end() :]
-            text = traits.think[0] + reasoning + traits.think[1] + verbatim
+            open_, close = traits.think
+            wrapped = conv.parsed[i][0] if i in conv.parsed else msg["reasoning_content"]
+            wrapped = wrapped.lstrip() if open_[-1:].isspace() else wrapped
+            wrapped = wrapped.rstrip() if close[:1].isspace() else wrapped
+            text = open_ + wrapped + _close_before(close, verbatim) + verbatim
         else:
             notes.append(REASONING_LEFT_OUT_HERE)
     return Turn(before, text, upto, verbatim, text == raw.rstrip() and not extra, notes)
+
+
+def _close_before(close: str, content: str) -> str:
+    """The closing think tag before `content`: without its trailing whitespace when the content brings its own
+    (the whitespace rule: the content as the reasoning parser gives it follows `</think>`)."""
+    return close.rstrip() if content[:1].isspace() else close
 
 
 def _turn_after_history(tokenizer, conv: Conversation, i: int, kwargs: dict, before: str, upto: str):
