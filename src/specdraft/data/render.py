@@ -99,6 +99,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     kinds: dict[str, int] = field(default_factory=dict)
+    prompts: list[int] = field(default_factory=list)  # tokens before each of its turns (the prompt's length)
 
 
 @dataclass
@@ -166,10 +167,11 @@ def decode(tokenizer, ids: list[int]) -> str:
 
 def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = None, reasoning_loss: bool = True,
                          reasoning_format: str = "", template: str = "the chat template",
-                         notes: list[str] | None = None) -> list[Sample]:  # fmt: skip
+                         notes: list[str] | None = None, engine=None) -> list[Sample]:  # fmt: skip
     """The samples of one conversation (one when the template is stable, else one per assistant turn), each
     checked against the template's rendering. `template` names the template in reasons; `notes` gets what was
-    left out to follow the template (reasoning it renders none of).
+    left out to follow the template (reasoning it renders none of); `engine` (an `engine_render.EngineRenderer`)
+    checks every prompt and turn against the serving engine's own rendering too (`_check_engine`).
 
     Raises `Dropped` (with the reason) for a conversation no true sample can be made of."""
     kwargs = kwargs or {}
@@ -198,6 +200,10 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         if not _straddled(enc["offset_mapping"], [x for edge in edges for x in edge]):
             sample = _sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)
             _check_whole(tokenizer, full, sample, enc["offset_mapping"], edges)
+            sample.prompts = [next(k for k, (s, e) in enumerate(enc["offset_mapping"]) if s >= a and e > s)
+                              for a, _ in edges]  # fmt: skip
+            if engine is not None:
+                _check_engine(engine, conv, turns, [sample] * len(turns), kwargs)
             return _noted(notes, said, [sample])
     out = []
     for i, t in turns:  # each turn after the prompt the template builds for it, tokenized alone, scored alone
@@ -208,8 +214,39 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         spans = [_turn_kinds(conv.messages[i], t.before + t.text, n, n + len(t.text))]
         sample = _sample(list(head) + list(tail["input_ids"]), offsets, spans, reasoning_loss)
         _check_turn(tokenizer, t, sample, len(head))
+        sample.prompts = [len(head)]
         out.append(sample)
+    if engine is not None:
+        _check_engine(engine, conv, turns, out, kwargs)
     return _noted(notes, said, out)
+
+
+def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], samples: list[Sample],
+                  kwargs: dict) -> None:  # fmt: skip
+    """The engine check: for each turn, the engine renders the messages before it (as a client sends them) with
+    its generation prompt to the sample's prompt, text and token ids, and the messages through it to the
+    template's rendering of the turn (`upto`); else `Dropped` naming the engine and the first difference."""
+    from specdraft.data.engine_render import as_client_sends, first_difference
+
+    client = replace(conv, reasoning_name="reasoning_content")
+    for k, ((i, t), sample) in enumerate(zip(turns, samples)):
+        n = sample.prompts[k if len(sample.prompts) > 1 else 0]
+        try:
+            text, ids = engine.render(as_client_sends(as_sent(client, i)), conv.tools, True, kwargs)
+            upto, _ = engine.render(as_client_sends(as_sent(client, i + 1)), conv.tools, False, kwargs)
+        except Exception as e:  # the engine refuses what the template renders: no true sample
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise Dropped(f"{engine.name} refuses the conversation the template renders: {msg}") from e
+        if text != t.before:
+            raise Dropped(f"{engine.name} renders the prompt of a turn unlike the template: "
+                          f"{first_difference(t.before, text)}")  # fmt: skip
+        if ids != sample.input_ids[:n]:
+            raise Dropped(f"{engine.name} tokenizes the prompt of a turn unlike the sample: "
+                          f"{first_difference(sample.input_ids[:n], ids, 'token')}")  # fmt: skip
+        if upto != t.upto:
+            raise Dropped(
+                f"{engine.name} renders a turn unlike the template: {first_difference(t.upto, upto)}"
+            )
 
 
 def _straddled(offsets, points: list[int]) -> bool:
