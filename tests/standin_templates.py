@@ -1,8 +1,9 @@
 """Stand-in chat templates of four reasoning/tool-calling families, written in this project (not copied).
 
 ``tests/templates/*.jinja`` behave like Qwen3's hybrid thinking (``hybrid_thinking``), DeepSeek-R1
-(``deepseek_r1``), Kimi-K2-Thinking (``kimi_k2_thinking``, with K2.5's ``thinking`` switch) and Llama-3.1 with
-tools (``llama31_tools``); tests/templates/README.md says what each
+(``deepseek_r1``), Kimi-K2-Thinking (``kimi_k2_thinking``, with K2.5's ``thinking`` switch), Llama-3.1 with
+tools (``llama31_tools``), gpt-oss's harmony format (``gpt_oss``, reasoning read from ``thinking``) and Mistral's
+v3 tool calling (``mistral``, reasoning read from ``reasoning``); tests/templates/README.md says what each
 was learned from and how it treats reasoning, tools, the generation prompt and the end of a turn.
 ``standin_tokenizer(name)`` gives the tiny offline tokenizer of tests/conftest.py with that template and
 each of its special markers as one token.
@@ -20,6 +21,8 @@ TEMPLATES: dict[str, Path] = {
     "deepseek_r1": HERE / "deepseek_r1.jinja",
     "kimi_k2_thinking": HERE / "kimi_k2_thinking.jinja",
     "llama31_tools": HERE / "llama31_tools.jinja",
+    "gpt_oss": HERE / "gpt_oss.jinja",
+    "mistral": HERE / "mistral.jinja",
 }
 SPECIAL_TOKENS: dict[str, list[str]] = {
     "hybrid_thinking": [
@@ -64,10 +67,25 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "<|tool_call_end|>",
     ],
     "llama31_tools": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "gpt_oss": ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>"],
+    "mistral": [
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_CALLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[THINK]",
+        "[/THINK]",
+    ],
 }
 # bos/eos as the real tokenizers set them (the others keep conftest's eos <|im_end|>, which is their end of turn)
 _BOS_EOS = {"deepseek_r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
-            "llama31_tools": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}  # fmt: skip
+            "llama31_tools": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+            "gpt_oss": {"eos_token": "<|return|>"}, "mistral": {"bos_token": "<s>", "eos_token": "</s>"}}  # fmt: skip
 
 
 def standin_tokenizer(name: str):

@@ -124,6 +124,13 @@ def _no_think(text: str) -> str:
     return re.sub(r"<think>.*?</think>\s*", "", text, flags=re.S)
 
 
+def _parser_split(text: str) -> tuple[str, str]:
+    """(reasoning, content) of `<think>R</think>C` as vLLM's reasoning parsers give them to a client (the
+    whitespace rule of issue 47: what a multi-turn client sends back)."""
+    reasoning, _, content = text.partition("<think>")[2].partition("</think>")
+    return reasoning, content
+
+
 def _bare(msg: dict, conv, i: int, as_given: bool) -> dict:
     """The turn without its reasoning field; with `as_given`, inline reasoning stays in the content as given."""
     bare = {k: v for k, v in msg.items() if k != "reasoning_content"}
@@ -136,9 +143,9 @@ def check_samples(tok, conv, samples, kwargs: dict, renders_reasoning: bool = Tr
     `renders_reasoning`: the template gives reasoning a form; when it does not, the messages it renders are
     the data's without reasoning fields, inline reasoning in the content as given."""
     tools = conv.tools
-    msgs = (
-        conv.messages if renders_reasoning else [_bare(m, conv, i, True) for i, m in enumerate(conv.messages)]
-    )
+    sent = [{**m, **dict(zip(("reasoning_content", "content"), _parser_split(conv.inline_reasoning[i])))}
+            if i in conv.inline_reasoning else m for i, m in enumerate(conv.messages)]  # fmt: skip
+    msgs = sent if renders_reasoning else [_bare(m, conv, i, True) for i, m in enumerate(conv.messages)]
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     full = tpl(tok, msgs, tools, False, kwargs)
     if len(samples) == 1 and decode(tok, samples[0].input_ids) == full:  # one sample: the whole rendering
@@ -163,7 +170,12 @@ def check_samples(tok, conv, samples, kwargs: dict, renders_reasoning: bool = Tr
         bare = tpl(
             tok, msgs[:i] + [_bare(msgs[i], conv, i, not renders_reasoning)], tools, False, kwargs
         ).rstrip()
-        assert _no_think(prompt + scored) == _no_think(bare), (prompt + scored, bare)
+        # (whitespace aside: where specdraft builds the turn, the whitespace rule decides it; tested exactly in
+        # test_the_whitespace_rule_after_inline_reasoning)
+        assert re.sub(r"\s+", "", _no_think(prompt + scored)) == re.sub(r"\s+", "", _no_think(bare)), (
+            prompt + scored,
+            bare,
+        )
         assert not re.search(r"<think>.*<think>", prompt[-12:] + scored, re.S)  # no think block opened twice
         for call in msgs[i].get("tool_calls") or []:
             assert call["function"]["name"] in scored
@@ -363,6 +375,28 @@ def test_straddle_rule_a_token_across_a_turn_edge_makes_the_conversation_per_tur
     assert _scored(special, conversation_samples(special, conv)) == [
         "<think></think>A helper.<|im_end|><think></think>Bye!<|im_end|>"
     ]
+
+
+@pytest.mark.parametrize("family", ["deepseek_r1", "kimi_k2_thinking", "hybrid_thinking"])
+def test_the_whitespace_rule_after_inline_reasoning(family):
+    """Inline `<think>R</think>C` reaches the template as vLLM's reasoning parser gives it to a client (R as
+    written, C with its leading whitespace); where specdraft builds the turn (R1's open prompt, Kimi's empty
+    block) the content's whitespace follows `</think>`, never doubled: the turn is the text the target wrote."""
+    tok = tokenizer(family, "special")
+    conv, _ = normalize_record(SHAPES["inline reasoning, 2 turns"])
+    want = {
+        "deepseek_r1": ["Introduce myself.\n</think>\n\nI am a helper.<｜end▁of▁sentence｜>",
+                        "Pick one.\n</think>\n\nBlue.<｜end▁of▁sentence｜>"],
+        "kimi_k2_thinking": ["<think>\nIntroduce myself.\n</think>\n\nI am a helper.<|im_end|>",
+                             "<think>Pick one.</think>Blue.<|im_end|>"],
+        "hybrid_thinking": ["<think>\nIntroduce myself.\n</think>\n\nI am a helper.<|im_end|>",
+                            "<think>\nPick one.\n</think>\n\nBlue.<|im_end|>"],
+    }  # fmt: skip
+    assert _scored(tok, conversation_samples(tok, conv)) == want[family]
+    # the history the next turn's prompt shows holds the content as the client sends it back
+    if family == "kimi_k2_thinking":
+        (_, second) = conversation_samples(tok, conv)
+        assert "<think></think>\n\nI am a helper.<|im_end|>" in decode(tok, second.input_ids)
 
 
 if __name__ == "__main__":

@@ -283,6 +283,73 @@ def test_special_markers_are_one_token_each(name):
     for marker in SPECIAL_TOKENS[name]:
         ids = tok(marker, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids) == [marker], marker
-    msgs = args_as_text(TOOL_CHAT) if name == "deepseek_r1" else TOOL_CHAT
+    msgs = args_as_text(TOOL_CHAT) if name == "deepseek_r1" else nine_char_ids(TOOL_CHAT)
     ids = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
-    assert tok.decode(ids) == render(name, TOOL_CHAT, tools=TOOLS)
+    assert tok.decode(ids) == render(name, nine_char_ids(TOOL_CHAT), tools=TOOLS)
+
+
+def nine_char_ids(messages: list[dict]) -> list[dict]:
+    """The messages with call ids Mistral's templates take (9 characters: call_0 -> call00000)."""
+    fix = {"call_0": "call00000", "call_1": "call00001"}
+    return [{**m, **({"tool_call_id": fix.get(m["tool_call_id"], m["tool_call_id"])} if "tool_call_id" in m else {}),
+             **({"tool_calls": [{**c, "id": fix.get(c["id"], c["id"])} for c in m["tool_calls"]]}
+                if m.get("tool_calls") else {})} for m in messages]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gpt_oss (harmony) and mistral
+# ---------------------------------------------------------------------------------------------------------
+def _as(name: str, messages: list[dict]) -> list[dict]:
+    return [{**{k: v for k, v in m.items() if k != "reasoning_content"}, name: m["reasoning_content"]}
+            if "reasoning_content" in m else m for m in messages]  # fmt: skip
+
+
+def test_gpt_oss_analysis_on_the_last_turn_only_and_tool_calls_on_commentary():
+    import datetime
+
+    today = datetime.date.today().strftime("%Y-%m-%d")  # strftime_now in the system preamble
+    head = (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        f"Knowledge cutoff: 2024-06\nCurrent date: {today}\n\nReasoning: medium\n\n# Valid channels: "
+        "analysis, commentary, final. Channel must be included for every message.<|end|>"
+    )
+    out = render("gpt_oss", _as("thinking", CHAT))
+    if today in out:  # not across midnight
+        assert out == head + (
+            "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+            "<|start|>user<|message|>Name a color.<|end|>"
+            "<|start|>assistant<|channel|>analysis<|message|>Pick one.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Blue.<|return|>"
+        )
+    assert "<|channel|>analysis" not in render(
+        "gpt_oss", _as("reasoning_content", CHAT)
+    )  # it reads `thinking`
+    assert render("gpt_oss", _as("thinking", CHAT[:3]), gen=True).endswith(
+        "<|start|>user<|message|>Name a color.<|end|><|start|>assistant"
+    )
+    assert render("gpt_oss", _as("thinking", TOOL_CHAT), tools=TOOLS).endswith(
+        "<|start|>user<|message|>Weather in Paris?<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>"
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>The tool says sunny.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"
+    )
+
+
+def test_mistral_system_joins_the_last_user_message_and_ids_are_nine_characters():
+    tool_json = (
+        '[{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.", '
+        '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]'
+    )
+    assert render("mistral", [SYSTEM, *_as("reasoning", CHAT)], tools=TOOLS) == (
+        "<s>[INST]Hi[/INST][THINK]Greet back.[/THINK]Hello!</s>"
+        f"[AVAILABLE_TOOLS]{tool_json}[/AVAILABLE_TOOLS][INST]Be brief.\n\nName a color.[/INST]"
+        "[THINK]Pick one.[/THINK]Blue.</s>"
+    )
+    assert render("mistral", nine_char_ids(TOOL_CHAT)).endswith(
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call00000"}]</s>'
+        '[TOOL_RESULTS]{"content": "sunny", "call_id": "call00000"}[/TOOL_RESULTS]It is sunny.</s>'
+    )
+    with pytest.raises(Exception, match="length 9"):
+        render("mistral", TOOL_CHAT)

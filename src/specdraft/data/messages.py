@@ -21,10 +21,16 @@ What a record may hold, and what each becomes (every record dropped keeps a reas
   an `observation` turn a tool result.
 - Reasoning: a field (`reasoning_content`, `reasoning` or `thinking`) or inline at the start of the content
   (`<think>...</think>`). The rule when both are present: the record is dropped ("reasoning given twice"),
-  since no rule can tell which one the target produced. Normalised, reasoning always travels as the
-  message's `reasoning_content` field (the name vLLM's reasoning parsers and the hybrid-thinking templates
-  use) and the content holds no `<think>` block; the content as given is kept aside
+  since no rule can tell which one the target produced. Normalised, reasoning travels as the message's
+  `reasoning_content` field and the content holds no `<think>` block; the content as given is kept aside
   (`Conversation.inline_reasoning`) for a template that renders no reasoning (there it stays in the content).
+  Inline reasoning is split as vLLM's reasoning parsers split what a target writes (the text a multi-turn
+  client sends back): the reasoning is the text between `<think>` and `</think>` as written, the content all
+  that follows `</think>`, its leading whitespace included (the whitespace rule in `render`): kept aside as
+  `Conversation.parsed`, what the template is given; the messages hold both with their edges trimmed. A field
+  is taken as given (newlines at its edges dropped).
+  The template gets the reasoning under the name it reads (`Conversation.reasoning_name`, found by
+  `render.template_traits`: `reasoning_content`, `reasoning` or `thinking`, as gpt-oss's template reads it).
 
 A conversation whose first turn (after any system prompt) is not from the user keeps the rest from its
 first user turn on, as SpecForge does; the repair is counted.
@@ -54,10 +60,16 @@ _ROLE_MAP = {
 }
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 LEADING_DROPPED = "leading non-user turn dropped"  # a repair: the conversation is kept without them
-_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
+_THINK = re.compile(
+    r"^\s*<think>(.*?)</think>", re.S
+)  # the content is all after </think>, as vLLM's parsers give it
 _HERMES_CALL = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.S)
 _HERMES_RESULT = re.compile(r"\s*<tool_response>\s*(.*?)\s*</tool_response>\s*", re.S)
-_ASIDE = ("_inline", "_arguments_text")  # kept aside while normalising, then moved into the Conversation
+_ASIDE = (
+    "_inline",
+    "_parsed",
+    "_arguments_text",
+)  # kept aside while normalising, then moved into the Conversation
 _MEDIA = {"image": "image part", "image_url": "image part", "input_image": "image part", "audio": "audio part",
           "input_audio": "audio part", "audio_url": "audio part", "video": "video part", "video_url": "video part",
           "file": "file part"}  # fmt: skip
@@ -75,6 +87,10 @@ class Conversation:
     tools: list[dict] | None = None
     inline_reasoning: dict[int, str] = field(default_factory=dict)  # message -> its content as given
     arguments_text: dict[tuple[int, int], str] = field(default_factory=dict)  # (message, call) -> as given
+    reasoning_name: str = "reasoning_content"  # the field the chat template reads reasoning from
+    parsed: dict[int, tuple[str, str]] = field(
+        default_factory=dict
+    )  # inline: (reasoning, content) as vLLM splits
 
     @property
     def has_reasoning(self) -> bool:
@@ -100,9 +116,10 @@ def normalize_record(record, repairs: list[str] | None = None) -> tuple[Conversa
     except Dropped as e:
         return None, str(e)
     inline = {i: m.pop("_inline") for i, m in enumerate(msgs) if "_inline" in m}
+    parsed = {i: m.pop("_parsed") for i, m in enumerate(msgs) if "_parsed" in m}
     texts = {(i, j): c.pop("_arguments_text") for i, m in enumerate(msgs)
              for j, c in enumerate(m.get("tool_calls") or []) if "_arguments_text" in c}  # fmt: skip
-    return Conversation(msgs, tools, inline, texts), None
+    return Conversation(msgs, tools, inline, texts, parsed=parsed), None
 
 
 def _message(turn) -> dict:
@@ -206,11 +223,17 @@ def _reasoning(turn: dict, msg: dict) -> None:
     if inline:
         fields = [inline.group(1)]
         msg["_inline"] = msg["content"]
-        msg["content"] = msg["content"][inline.end() :]
+        msg["_parsed"] = (
+            inline.group(1),
+            msg["content"][inline.end() :],
+        )  # as vLLM's reasoning parsers split it
+        msg["content"] = msg["content"][inline.end() :].lstrip()
     if "<think>" in msg["content"] or "</think>" in msg["content"]:
         raise Dropped("think tag inside the content")
     if fields:
         msg["reasoning_content"] = fields[0].strip("\n")
+    elif inline:
+        del msg["_parsed"]  # an empty think block: no reasoning to send back
 
 
 def _json(value, what: str = "tool-call arguments"):

@@ -47,6 +47,7 @@ from specdraft.data.render import (
     KINDS,
     REASONING_FORMATS,
     REASONING_LEFT_OUT,
+    REASONING_LEFT_OUT_CHANNELS,
     Sample,
     choose_template,
     conversation_samples,
@@ -118,6 +119,7 @@ class _Options:
     text: bool
     reasoning_format: str = ""
     template: str = "the chat template"
+    engine: object = None  # the serving engine's renderer checking every sample (engine_render), or None
 
 
 @dataclass
@@ -155,6 +157,7 @@ def prepare(
     columns: str = "",
     seed: int = 0,
     reasoning_format: str = "",
+    renderer: str = "auto",
 ) -> Path:
     """Tokenize conversations with the target's chat template into a dataset with assistant loss masks.
 
@@ -181,6 +184,9 @@ def prepare(
         reasoning_format: with a chat template that renders no reasoning (and opens no think block), reasoning
             given as a field is left out (counted, said); `think` puts it in the content instead, as
             `<think>\\n...\\n</think>\\n\\n` before the answer. Templates that render reasoning ignore it.
+        renderer: what checks every sample besides the template: "auto" (vLLM's own renderer for the target
+            when vLLM is importable and renders it through the template, else the template alone), "vllm"
+            (refuse when it cannot) or "template"; recorded in the manifest's `renderer`.
     """
     from specdraft.targets import load_tokenizer, tokenizer_hash
 
@@ -196,7 +202,8 @@ def prepare(
         )
     where = (f"--chat-template {Path(chat_template).name}" if chat_template and "{" not in chat_template
              else "the --chat-template given" if chat_template else f"the chat template of {target}")  # fmt: skip
-    opts = _Options(tok, kwargs, max_length, reasoning_loss, text, reasoning_format, where)
+    engine, checked_by = (None, "none (text mode)") if text else _engine(target, tok, chat_template, renderer)
+    opts = _Options(tok, kwargs, max_length, reasoning_loss, text, reasoning_format, where, engine)
     t0 = time.time()
     limit = max_samples if len(sources) == 1 else 0
     reads = [_read_source(i, s, opts, split, cols, limit) for i, s in enumerate(sources)]
@@ -223,6 +230,7 @@ def prepare(
         "vocab_size": len(tok),
         "mode": "text" if text else "chat",
         **template_identity(tok, kwargs),
+        "renderer": checked_by,
         "reasoning_loss": reasoning_loss,
         "reasoning_format": reasoning_format,
         "max_length": max_length,
@@ -237,6 +245,18 @@ def prepare(
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     _print_summary(out_dir, manifest, reads, max_length)
     return out_dir
+
+
+def _engine(target: str, tok, chat_template: str, choice: str):
+    """(the serving engine's renderer or None, what checked the samples): see `engine_render`."""
+    from specdraft.data.engine_render import engine_renderer
+    from specdraft.targets import locate_target
+
+    try:
+        target_dir = locate_target(target, need="config", convert=False)
+    except (FileNotFoundError, ValueError):
+        target_dir = None
+    return engine_renderer(target_dir, tok.chat_template if chat_template else None, choice)
 
 
 def _read_source(index: int, src: Source, opts: _Options, split: str, columns: dict, limit: int) -> _Read:
@@ -279,7 +299,7 @@ def _samples_of(raw, opts: _Options, repairs: list[str]) -> list[Sample]:
     if reason:
         raise Dropped(reason)
     return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss, opts.reasoning_format,
-                                opts.template, repairs)  # fmt: skip
+                                opts.template, repairs, opts.engine)  # fmt: skip
 
 
 def _truncated(s: Sample, n: int) -> Sample:
@@ -354,6 +374,7 @@ def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length
     )
     print(f"prepare: {manifest['num_conversations']} conversations{extra}, {manifest['num_tokens']} tokens "
           f"({manifest['num_loss_tokens']} scored: {kinds or 'none'}) -> {out_dir}")  # fmt: skip
+    print(f"prepare: samples checked against the template and by: {manifest['renderer']}")
     for r in reads:
         if r.report.dropped or r.truncated or r.report.truncated_tail_bytes:
             print(
@@ -365,6 +386,11 @@ def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length
             print(f"prepare: the chat template renders no reasoning, so the reasoning field of "
                   f"{len(r.report.repaired[REASONING_LEFT_OUT])} conversations was left out of their samples; "
                   "--reasoning-format think trains it in the content, in a <think> block before the answer")  # fmt: skip
+        if REASONING_LEFT_OUT_CHANNELS in r.report.repaired:
+            print(f"prepare: the chat template renders no reasoning under reasoning_content, reasoning or thinking, "
+                  f"so the reasoning of {len(r.report.repaired[REASONING_LEFT_OUT_CHANNELS])} conversations was "
+                  "left out; it writes channels (harmony), so the reasoning trains only where it reads it: pass a "
+                  "--chat-template that reads one of those fields")  # fmt: skip
 
 
 def content_hash(data_file: Path, counts_file: Path) -> str:

@@ -13,6 +13,12 @@ renderings, never where token sequences diverge:
   convention); any other means no prompt leads to the turn: the conversation is dropped. So is a turn with
   reasoning after a prompt that closes an empty think block (thinking switched off, reasoning in the data).
 
+Reasoning reaches the template under the name it reads: each of `reasoning_content`, `reasoning` and
+`thinking` (gpt-oss's template reads `message.thinking`) is probed, and the first the template renders is the
+one every message carries (`Conversation.reasoning_name`); "the chat template renders no reasoning" is said only
+when none renders, and a template that writes channels (harmony's `<|channel|>analysis`) never gets `<think>`
+advice or a `<think>` block.
+
 Reasoning, never in a form the template does not give: rendered by the template (the turn shows it); else,
 when the prompt opens a think block, the reasoning then the closing tag (the template's own, else R1's
 `\n</think>\n\n`); else, when the turn's rendering holds an empty think block and the template shows reasoning
@@ -22,6 +28,14 @@ in the content as given, and leaves reasoning given as a field out, said in `not
 puts it in the content as `<think>\n...\n</think>\n\n` instead). Tool calls the template does not render drop
 the conversation with a reason naming the template. A template error drops the conversation with the template's
 message; a template that cannot take tool-call arguments as objects gets them as the data gave them (text).
+
+The whitespace rule around inline reasoning: the data's `<think>R</think>C` is split as vLLM's reasoning parsers
+split what the target writes, the reasoning field a multi-turn client sends back (R, as written between the
+tags) and the content (C, all after `</think>`, its leading whitespace included); the template then renders
+both as it renders any client's messages. Where specdraft builds the turn itself (after a prompt that opens a
+think block, or around Kimi's empty block), the content's own leading whitespace follows the closing tag and
+the tag's trailing whitespace is dropped (`</think>\n\nC` as the target wrote it, never `</think>\n\n\n\nC`), and
+the reasoning's edge whitespace gives way to the template's open/close whitespace.
 
 Samples: when every turn is the template's own rendering and every `before` + turn is a prefix of the whole
 conversation's rendering (a stable template), the conversation is one sample: that rendering tokenized once,
@@ -49,7 +63,7 @@ import bisect
 import re
 from dataclasses import dataclass, field, replace
 
-from specdraft.data.messages import Conversation, Dropped
+from specdraft.data.messages import REASONING_FIELDS, Conversation, Dropped
 from specdraft.targets import CHAT_TEMPLATE_FIX, has_chat_template
 
 KINDS = ("reasoning", "content", "tool_call")
@@ -59,6 +73,8 @@ R1_CLOSE = (
 )
 REASONING_LEFT_OUT = ("reasoning field left out: the chat template renders no reasoning (reasoning_format "
                       "think puts it in the content as <think>...</think>)")  # fmt: skip
+REASONING_LEFT_OUT_CHANNELS = ("reasoning field left out: the chat template renders no reasoning under "
+                               f"{', '.join(REASONING_FIELDS)} (it writes channels: give the reasoning under the field it reads)")  # fmt: skip
 REASONING_LEFT_OUT_HERE = "reasoning field left out of a turn whose prompt the template gives no think block"
 NO_PROMPT = ("no prompt leads to this turn: the template renders it unlike the generation prompt it builds for "
              "it (thinking switched off with reasoning in the data? check --chat-template-kwargs)")  # fmt: skip
@@ -66,10 +82,14 @@ NO_TEXT = ("the template renders an assistant turn unlike its own generation pro
            "(check --chat-template-kwargs, e.g. enable_thinking, against the data)")  # fmt: skip
 _CLOSE_THINK = re.compile(r"\s*</think>\s*")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+_EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the content's whitespace left to it
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
+_CHANNELS = re.compile(
+    r"<\|channel\|>"
+)  # harmony-style turns (gpt-oss): analysis / commentary / final channels
 
 
 @dataclass
@@ -79,6 +99,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     kinds: dict[str, int] = field(default_factory=dict)
+    prompts: list[int] = field(default_factory=list)  # tokens before each of its turns (the prompt's length)
 
 
 @dataclass
@@ -97,12 +118,15 @@ class Turn:
 
 @dataclass(frozen=True)
 class Traits:
-    """What a template does with reasoning, learned from probe renderings: `think`, (open, close) around the
-    reasoning of a turn it renders it for (None: it renders none); `opens_think`, its generation prompt
-    ends with an open think block."""
+    """What a template does with reasoning, learned from probe renderings: `think`, (open, close) `<think>`
+    tags around the reasoning of a turn it renders it for (None: it renders none, or not in think tags);
+    `opens_think`, its generation prompt ends with an open think block; `name`, the message field it renders
+    reasoning from (None: none of `REASONING_FIELDS`); `channels`, it writes harmony-style channels."""
 
     think: tuple[str, str] | None
     opens_think: bool
+    name: str | None = None
+    channels: bool = False
 
 
 def has_generation_markers(tokenizer) -> bool:
@@ -114,11 +138,27 @@ def render(tokenizer, conv: Conversation, n: int, generation_prompt: bool, kwarg
     """The template's text for the first `n` messages (with the tools and template kwargs); an error the
     template raises becomes `Dropped` with its message."""
     try:
-        return tokenizer.apply_chat_template(conv.messages[:n], tools=conv.tools, tokenize=False,
+        return tokenizer.apply_chat_template(as_sent(conv, n), tools=conv.tools,
+                                             tokenize=False,
                                              add_generation_prompt=generation_prompt, **kwargs)  # fmt: skip
     except Exception as e:  # anything a template raises is about this conversation: drop it, say why
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise Dropped(f"chat template error: {msg}") from e
+
+
+def as_sent(conv: Conversation, n: int) -> list[dict]:
+    """The first `n` messages as a client sends them back and the template reads them: inline reasoning split
+    as the reasoning parser splits it (`Conversation.parsed`, the whitespace rule), each turn's reasoning under
+    the field the template reads (`Conversation.reasoning_name`) instead of `reasoning_content`."""
+    msgs = conv.messages[:n]
+    if conv.parsed:
+        msgs = [{**m, "reasoning_content": conv.parsed[i][0], "content": conv.parsed[i][1]}
+                if i in conv.parsed and "reasoning_content" in m else m for i, m in enumerate(msgs)]  # fmt: skip
+    name = conv.reasoning_name
+    if name == "reasoning_content":
+        return msgs
+    return [{**{k: v for k, v in m.items() if k != "reasoning_content"}, name: m["reasoning_content"]}
+            if "reasoning_content" in m else m for m in msgs]  # fmt: skip
 
 
 def decode(tokenizer, ids: list[int]) -> str:
@@ -127,17 +167,19 @@ def decode(tokenizer, ids: list[int]) -> str:
 
 def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = None, reasoning_loss: bool = True,
                          reasoning_format: str = "", template: str = "the chat template",
-                         notes: list[str] | None = None) -> list[Sample]:  # fmt: skip
+                         notes: list[str] | None = None, engine=None) -> list[Sample]:  # fmt: skip
     """The samples of one conversation (one when the template is stable, else one per assistant turn), each
     checked against the template's rendering. `template` names the template in reasons; `notes` gets what was
-    left out to follow the template (reasoning it renders none of).
+    left out to follow the template (reasoning it renders none of); `engine` (an `engine_render.EngineRenderer`)
+    checks every prompt and turn against the serving engine's own rendering too (`_check_engine`).
 
     Raises `Dropped` (with the reason) for a conversation no true sample can be made of."""
     kwargs = kwargs or {}
     conv = _takes_arguments(tokenizer, conv, kwargs)
     traits = template_traits(tokenizer, kwargs)
+    conv = replace(conv, reasoning_name=traits.name or "reasoning_content")
     conv, left_out = _reasoning_as_the_template_shows_it(conv, traits, reasoning_format)
-    said = [REASONING_LEFT_OUT] * left_out
+    said = [REASONING_LEFT_OUT_CHANNELS if traits.channels else REASONING_LEFT_OUT] * left_out
     if has_generation_markers(tokenizer) and not conv.tools and not conv.has_reasoning:
         out = tokenizer.apply_chat_template(conv.messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True, **kwargs)  # fmt: skip
@@ -158,6 +200,10 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         if not _straddled(enc["offset_mapping"], [x for edge in edges for x in edge]):
             sample = _sample(list(enc["input_ids"]), enc["offset_mapping"], spans, reasoning_loss)
             _check_whole(tokenizer, full, sample, enc["offset_mapping"], edges)
+            sample.prompts = [next(k for k, (s, e) in enumerate(enc["offset_mapping"]) if s >= a and e > s)
+                              for a, _ in edges]  # fmt: skip
+            if engine is not None:
+                _check_engine(engine, conv, turns, [sample] * len(turns), kwargs)
             return _noted(notes, said, [sample])
     out = []
     for i, t in turns:  # each turn after the prompt the template builds for it, tokenized alone, scored alone
@@ -168,8 +214,39 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         spans = [_turn_kinds(conv.messages[i], t.before + t.text, n, n + len(t.text))]
         sample = _sample(list(head) + list(tail["input_ids"]), offsets, spans, reasoning_loss)
         _check_turn(tokenizer, t, sample, len(head))
+        sample.prompts = [len(head)]
         out.append(sample)
+    if engine is not None:
+        _check_engine(engine, conv, turns, out, kwargs)
     return _noted(notes, said, out)
+
+
+def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], samples: list[Sample],
+                  kwargs: dict) -> None:  # fmt: skip
+    """The engine check: for each turn, the engine renders the messages before it (as a client sends them) with
+    its generation prompt to the sample's prompt, text and token ids, and the messages through it to the
+    template's rendering of the turn (`upto`); else `Dropped` naming the engine and the first difference."""
+    from specdraft.data.engine_render import as_client_sends, first_difference
+
+    client = replace(conv, reasoning_name="reasoning_content")
+    for k, ((i, t), sample) in enumerate(zip(turns, samples)):
+        n = sample.prompts[k if len(sample.prompts) > 1 else 0]
+        try:
+            text, ids = engine.render(as_client_sends(as_sent(client, i)), conv.tools, True, kwargs)
+            upto, _ = engine.render(as_client_sends(as_sent(client, i + 1)), conv.tools, False, kwargs)
+        except Exception as e:  # the engine refuses what the template renders: no true sample
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise Dropped(f"{engine.name} refuses the conversation the template renders: {msg}") from e
+        if text != t.before:
+            raise Dropped(f"{engine.name} renders the prompt of a turn unlike the template: "
+                          f"{first_difference(t.before, text)}")  # fmt: skip
+        if ids != sample.input_ids[:n]:
+            raise Dropped(f"{engine.name} tokenizes the prompt of a turn unlike the sample: "
+                          f"{first_difference(sample.input_ids[:n], ids, 'token')}")  # fmt: skip
+        if upto != t.upto:
+            raise Dropped(
+                f"{engine.name} renders a turn unlike the template: {first_difference(t.upto, upto)}"
+            )
 
 
 def _straddled(offsets, points: list[int]) -> bool:
@@ -214,10 +291,13 @@ def _reasoning_as_the_template_shows_it(
     """`conv` unchanged for a template that gives reasoning a form (renders it, or its prompt opens a think
     block); else with inline reasoning back in the content as given, reasoning fields in the content in the
     named `fmt`, or left out: (conversation, how many turns' reasoning was left out)."""
-    if traits.think or traits.opens_think or not conv.has_reasoning:
+    if traits.think or traits.opens_think or traits.name or not conv.has_reasoning:
         return conv, 0
     if fmt and fmt not in REASONING_FORMATS:
         raise ValueError(f"reasoning format {fmt!r}: choose one of {sorted(REASONING_FORMATS)}")
+    if fmt and traits.channels:
+        raise ValueError(f"reasoning format {fmt!r} puts <think> tags in the content, which a channel template "
+                         "(harmony) never writes: give the reasoning under the name the template reads")  # fmt: skip
     msgs, left_out = [], 0
     for i, m in enumerate(conv.messages):
         reasoning = m.get("reasoning_content")
@@ -231,7 +311,7 @@ def _reasoning_as_the_template_shows_it(
             else:
                 left_out += 1
         msgs.append(m)
-    return replace(conv, messages=msgs, inline_reasoning={}), left_out
+    return replace(conv, messages=msgs, inline_reasoning={}, parsed={}), left_out
 
 
 def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Traits | None = None,
@@ -239,6 +319,8 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
     """Assistant turn `i` as the target writes it after the prompt the template builds for it (see the module
     docstring); raises `Dropped` when no prompt leads to it or the template cannot render its tool calls."""
     traits = traits or template_traits(tokenizer, kwargs)
+    if traits.name and conv.reasoning_name != traits.name:
+        conv = replace(conv, reasoning_name=traits.name)
     msg = conv.messages[i]
     reasoning = (msg.get("reasoning_content") or "").strip()
     before, upto = render(tokenizer, conv, i, True, kwargs), render(tokenizer, conv, i + 1, False, kwargs)
@@ -266,15 +348,25 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
         elif opened and reasoning and reasoning in text:
             text = verbatim = text[opened.end() :].removeprefix(extra[len(extra.rstrip()) :])
         if not (reasoning and reasoning in text):
-            text = reasoning + (traits.think[1] if traits.think else R1_CLOSE) + text
+            text = reasoning + _close_before(traits.think[1] if traits.think else R1_CLOSE, text) + text
     elif reasoning and reasoning not in text:
-        empty = _EMPTY_THINK.match(text)
+        empty = _EMPTY_BLOCK.match(text)
         if empty and traits.think:  # an empty think block where the template shows reasoning elsewhere
             verbatim = text[empty.end() :]
-            text = traits.think[0] + reasoning + traits.think[1] + verbatim
+            open_, close = traits.think
+            wrapped = conv.parsed[i][0] if i in conv.parsed else msg["reasoning_content"]
+            wrapped = wrapped.lstrip() if open_[-1:].isspace() else wrapped
+            wrapped = wrapped.rstrip() if close[:1].isspace() else wrapped
+            text = open_ + wrapped + _close_before(close, verbatim) + verbatim
         else:
             notes.append(REASONING_LEFT_OUT_HERE)
     return Turn(before, text, upto, verbatim, text == raw.rstrip() and not extra, notes)
+
+
+def _close_before(close: str, content: str) -> str:
+    """The closing think tag before `content`: without its trailing whitespace when the content brings its own
+    (the whitespace rule: the content as the reasoning parser gives it follows `</think>`)."""
+    return close.rstrip() if content[:1].isspace() else close
 
 
 def _turn_after_history(tokenizer, conv: Conversation, i: int, kwargs: dict, before: str, upto: str):
@@ -311,22 +403,33 @@ def think_format(tokenizer, kwargs: dict) -> tuple[str, str] | None:
 
 
 def _probe(tokenizer, kwargs: dict) -> Traits:
+    """Each reasoning name in turn (`REASONING_FIELDS`), on a final answer then a tool-calling turn (with a
+    9-character call id, which Mistral's templates require): the first name the template renders, and how."""
     user = {"role": "user", "content": "Q"}
-    call = {"type": "function", "id": "call_0", "function": {"name": "f", "arguments": {}}}
-    opens, think = False, None
-    for turn in ({"content": "ANSWER"}, {"content": "", "tool_calls": [call]}):
-        conv = Conversation([user, {"role": "assistant", "reasoning_content": _PROBE, **turn}])
-        try:
-            prompt, text = render(tokenizer, conv, 1, True, kwargs), render(tokenizer, conv, 2, False, kwargs)
-        except Dropped:  # a template that refuses the probe teaches nothing
-            continue
-        opens = opens or bool(_OPENS_THINK.search(prompt))
-        at = text.find(_PROBE)
-        open_ = _OPENS_THINK.search(text, 0, at) if at >= 0 else None
-        close = _CLOSE_THINK.match(text, at + len(_PROBE)) if at >= 0 else None
-        if think is None and open_ and close:
-            think = (open_.group(0), close.group(0))
-    return Traits(think, opens)
+    call = {"type": "function", "id": "call00000", "function": {"name": "f", "arguments": {}}}
+    opens, think, name, channels = False, None, None, False
+    for field_name in REASONING_FIELDS:
+        for turn in ({"content": "ANSWER"}, {"content": "", "tool_calls": [call]}):
+            conv = Conversation([user, {"role": "assistant", "reasoning_content": _PROBE, **turn}],
+                                reasoning_name=field_name)  # fmt: skip
+            try:
+                prompt, text = (
+                    render(tokenizer, conv, 1, True, kwargs),
+                    render(tokenizer, conv, 2, False, kwargs),
+                )
+            except Dropped:  # a template that refuses the probe teaches nothing
+                continue
+            opens = opens or bool(_OPENS_THINK.search(prompt))
+            channels = channels or bool(_CHANNELS.search(text))
+            at = text.find(_PROBE)
+            if at < 0:
+                continue
+            name = name or field_name
+            open_ = _OPENS_THINK.search(text, 0, at)
+            close = _CLOSE_THINK.match(text, at + len(_PROBE))
+            if think is None and open_ and close and field_name == name:
+                think = (open_.group(0), close.group(0))
+    return Traits(think, opens, name, channels)
 
 
 def _check_turn(tokenizer, t: Turn, sample: Sample, n_prompt: int) -> None:
