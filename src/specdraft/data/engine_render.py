@@ -39,28 +39,26 @@ def _vllm_chat_renderer(target_dir: str):
     """vLLM's in-process chat rendering for `target_dir`: (render(messages, tools, chat_template, gen, kwargs)
     -> (text, ids), vLLM's version, the model type).
 
-    PRIVATE vLLM API, isolated here: `vllm.config.ModelConfig`, `vllm.tokenizers.get_tokenizer`,
-    `vllm.renderers.chat_utils.parse_chat_messages`, `vllm.renderers.hf.resolve_chat_template_content_format`
-    and `vllm.renderers.hf.safe_apply_chat_template` (vLLM 0.32; what `/v1/chat/completions/render` and
-    `HfRenderer.render_messages` run). The engine contract (specdraft.engine.contract) should declare them."""
+    vLLM's internal rendering API (`ModelConfig`, `get_tokenizer`, `parse_chat_messages`,
+    `resolve_chat_template_content_format`, `safe_apply_chat_template`: vLLM 0.32, what `/v1/chat/completions/render`
+    and `HfRenderer.render_messages` run), called through the engine contract, which declares each (optional
+    entries: `specdraft doctor` checks them)."""
     import vllm
-    from vllm.config import ModelConfig
-    from vllm.renderers.chat_utils import parse_chat_messages
-    from vllm.renderers.hf import resolve_chat_template_content_format, safe_apply_chat_template
-    from vllm.tokenizers import get_tokenizer
 
-    config = ModelConfig(model=target_dir, tokenizer=target_dir)
-    tokenizer = get_tokenizer(target_dir)
+    from specdraft.engine import contract as c
+
+    config = c.call("vllm.ModelConfig.render", model=target_dir, tokenizer=target_dir)
+    tokenizer = c.call("vllm.get_tokenizer", target_dir)
 
     def render(messages: list[dict], tools, chat_template, gen: bool, kwargs: dict) -> tuple[str, list[int]]:
-        fmt = resolve_chat_template_content_format(chat_template=chat_template, tools=tools, given_format="auto",
-                                                   tokenizer=tokenizer, model_config=config)  # fmt: skip
-        conversation, _, _ = parse_chat_messages(messages, config, content_format=fmt)
-        args = dict(tools=tools, chat_template=chat_template, add_generation_prompt=gen, **kwargs)
-        text = safe_apply_chat_template(config, tokenizer, conversation, tokenize=False, **args)
-        ids = safe_apply_chat_template(
-            config, tokenizer, [dict(m) for m in conversation], tokenize=True, **args
-        )
+        fmt = c.call("vllm.resolve_chat_template_content_format", chat_template=chat_template, tools=tools,
+                     given_format="auto", tokenizer=tokenizer, model_config=config)  # fmt: skip
+        conversation, _, _ = c.call("vllm.parse_chat_messages", messages, config, content_format=fmt)
+        args = dict(tools=tools, chat_template=chat_template, add_generation_prompt=gen)
+        text = c.call("vllm.safe_apply_chat_template", config, tokenizer, conversation, tokenize=False,
+                      user_kwargs=kwargs, **args)  # fmt: skip
+        ids = c.call("vllm.safe_apply_chat_template", config, tokenizer, [dict(m) for m in conversation],
+                     tokenize=True, user_kwargs=kwargs, **args)  # fmt: skip
         return text, list(ids)
 
     return render, vllm.__version__, getattr(config.hf_config, "model_type", "")

@@ -201,6 +201,7 @@ _EVAL_WORKER = "specdraft.eval.vllm_worker"
 _BOTH = f"{_CAPTURE}, {_EVAL_ENGINE}"
 _RPC = "specdraft.engine.vllm_rpc"
 _REPLIES = "specdraft.data.vllm_replies"
+_RENDER = "specdraft.data.engine_render"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -422,6 +423,47 @@ VLLM_CONTRACT = Contract(
             used_by=_CAPTURE,
             optional=True,
         ),
+        # prepare's check of every sample against vLLM's own chat rendering (what /v1/chat/completions/render
+        # runs, vLLM 0.32; optional: a release without it leaves the chat template as the check)
+        Entry(
+            "vllm.ModelConfig.render",
+            "vllm.config:ModelConfig",
+            keywords=("model", "tokenizer"),
+            attributes=("hf_config",),
+            used_by=_RENDER,
+            optional=True,
+        ),  # fmt: skip
+        Entry(
+            "vllm.get_tokenizer",
+            "vllm.tokenizers:get_tokenizer",
+            positional=1,
+            used_by=_RENDER,
+            optional=True,
+        ),
+        Entry(
+            "vllm.parse_chat_messages",
+            "vllm.renderers.chat_utils:parse_chat_messages",
+            positional=2,
+            keywords=("content_format",),
+            returns="(conversation, mm data, mm uuids)",
+            used_by=_RENDER,
+            optional=True,
+        ),  # fmt: skip
+        Entry(
+            "vllm.resolve_chat_template_content_format",
+            "vllm.renderers.hf:resolve_chat_template_content_format",
+            keywords=("chat_template", "tools", "given_format", "tokenizer", "model_config"),
+            used_by=_RENDER,
+            optional=True,
+        ),  # fmt: skip
+        Entry(
+            "vllm.safe_apply_chat_template",
+            "vllm.renderers.hf:safe_apply_chat_template",
+            positional=3,
+            keywords=("tokenize", "tools", "chat_template", "add_generation_prompt"),
+            used_by=_RENDER,
+            optional=True,
+        ),  # fmt: skip
     ),
     extensions=(
         # hidden-state capture: hooks on the target's decoder layers
