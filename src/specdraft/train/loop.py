@@ -252,9 +252,10 @@ def _check_disk(
                       "choose another OUT directory, or lower --keep-checkpoints")  # fmt: skip
 
 
-def _resume(run: _Run, ckpt: Path) -> int:
+def _resume(run: _Run, ckpt: Path, state: dict | None = None) -> int:
     """Model, optimizer, scheduler and RNG from the checkpoint (same settings and data required); its step."""
-    state = _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0), run.st.provenance)
+    if state is None:
+        state = _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0), run.st.provenance)
     start = _restore(ckpt, state, run.model, run.optimizer, run.scheduler)
     with torch.no_grad():
         for e, saved in zip(run.ema, state["ema"] if run.ema else []):
@@ -532,6 +533,7 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
         else contextlib.nullcontext()
     )
     with lock:
+        refuse_other_run(out_dir, cfg.draft)  # before anything loads or is written
         if cfg.draft == "dflash":  # block-parallel draft: its own loop over the same data (train/block)
             from specdraft.train.block.run import train_dflash
 
@@ -541,6 +543,32 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
 
 #: the settings a run trains with, in OUT and in OUT/final: `specdraft train --config FILE` reads it back
 SETTINGS_FILE = "train_settings.json"
+_KINDS = {"specdraft.eagle3": "eagle3", "specdraft.dflash": "dflash"}  # a saved draft's format -> its kind
+
+
+def run_kind(out_dir: Path) -> tuple[str, str] | None:
+    """(draft kind, what says so) of the training run OUT holds, from its settings file or final/'s format;
+    None for an OUT that holds no run (or one whose files say nothing readable)."""
+    import json
+
+    for f, read in ((out_dir / SETTINGS_FILE, lambda d: (d.get("settings") or {}).get("draft", "eagle3")),
+                    (out_dir / "final" / "config.json", lambda d: _KINDS.get(d.get("format")))):  # fmt: skip
+        try:
+            kind = read(json.loads(f.read_text()))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if kind:
+            return kind, str(f)
+    return None
+
+
+def refuse_other_run(out_dir: Path, draft: str) -> None:
+    """One identity per OUT: a train OUT belongs to one draft kind; a run of the other kind into it (which would
+    replace its final/, cut its metrics and prune its checkpoints) is refused before anything loads."""
+    held = run_kind(out_dir)
+    if held and held[0] != draft:
+        raise ValueError(f"train: {out_dir} holds a --draft {held[0]} run ({held[1]} says so); a --draft {draft} run "
+                         "there would replace its draft and metrics: choose another OUT directory")  # fmt: skip
 
 
 def run_settings(shards: str, out_dir: Path, cfg: TrainConfig) -> dict:
@@ -570,10 +598,16 @@ def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
 
     # --- setup: processes, data, draft, teacher, optimizer, schedule ----------------------------------------
     run = _build(shards, out_dir, cfg)
+    # a refused --resume (other settings, ranks or data) is refused here, before anything is written
+    state = (
+        _load_train_state(ckpt, run.cfg, run.world, _plan_hash(run.batches0), run.st.provenance)
+        if cfg.resume
+        else None
+    )
     if run.rank == 0:  # the settings trained with (the recipe's where it applied): a valid --config FILE
         write_settings(out_dir / SETTINGS_FILE, "train", run_settings(shards, out_dir, run.cfg))
     try:
-        return _train(run, ckpt)
+        return _train(run, ckpt, state)
     finally:  # an online source's engine (vLLM: other processes) ends with the run, failed or not
         getattr(run.st.source, "close", lambda: None)()
 
@@ -596,11 +630,11 @@ def _upcoming(run: _Run, cur: _Cursor) -> Iterator[list[int]]:
             cur = _advance(run, cur)
 
 
-def _train(run: _Run, ckpt: Path | None) -> Path:
-    """Resume, log, the loop and the end of a built run (`train_loop`)."""
+def _train(run: _Run, ckpt: Path | None, state: dict | None = None) -> Path:
+    """Resume (from `ckpt` and its checked `state`), log, the loop and the end of a built run (`train_loop`)."""
     cfg, out_dir = run.cfg, run.out_dir
     # --- resume: model, optimizer, scheduler, RNG; the data position follows from the step ------------------
-    start = _resume(run, ckpt) if cfg.resume else 0
+    start = _resume(run, ckpt, state) if cfg.resume else 0
 
     # --- logging: metrics jsonl (+ TensorBoard), progress bar (rank 0 only) ---------------------------------
     log = MetricsLog(out_dir, run.rank, cfg.resume, start, cfg.tensorboard, cfg.report_to, run.info["config"],

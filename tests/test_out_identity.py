@@ -1,0 +1,59 @@
+"""Issue 49 items 1 and 6 (EAGLE-3): one identity per train OUT, and a refused --resume writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_train_rough_edges import cfg, shards  # noqa: F401  (the module's fixture)
+
+from specdraft.train.loop import train
+
+
+def _files(d) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(d)): p.read_bytes()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.name != ".specdraft.lock"
+    }
+
+
+def test_an_eagle3_run_into_a_dflash_runs_out_is_refused_and_touches_nothing(tmp_path, shards):  # noqa: F811
+    """The OUT of a finished --draft dflash run (its settings file, final/, metrics and checkpoints): an EAGLE-3
+    run there, without --resume, would have replaced final/, cut metrics.jsonl and pruned the checkpoints."""
+    out = tmp_path / "dflash-run"
+    (out / "final").mkdir(parents=True)
+    (out / "checkpoints" / "step_11").mkdir(parents=True)
+    (out / "train_settings.json").write_text(
+        json.dumps({"command": "train", "settings": {"draft": "dflash"}})
+    )
+    (out / "final" / "config.json").write_text(json.dumps({"format": "specdraft.dflash"}))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(14)))
+    (out / "checkpoints" / "latest").write_text("step_11")
+    before = _files(out)
+    with pytest.raises(ValueError, match="holds a --draft dflash run.*choose another OUT"):
+        train(str(shards), str(out), cfg(max_steps=2))
+    assert _files(out) == before
+
+
+def test_the_other_way_round_too(tmp_path, shards):  # noqa: F811
+    out = tmp_path / "eagle-run"
+    train(str(shards), str(out), cfg(max_steps=2))
+    before = _files(out)
+    with pytest.raises(ValueError, match="holds a --draft eagle3 run"):
+        train(str(shards), str(out), cfg(max_steps=2, draft="dflash", ttt_steps=7))
+    assert _files(out) == before
+
+
+def test_a_refused_resume_leaves_the_recorded_settings_alone(tmp_path, shards):  # noqa: F811
+    """`--resume --ttt-steps 3` on a run of 2 TTT steps is refused, and OUT/train_settings.json still says 2:
+    a later plain --resume works."""
+    out = tmp_path / "run"
+    train(str(shards), str(out), cfg(max_steps=2, checkpoint_every=1))
+    recorded = (out / "train_settings.json").read_bytes()
+    with pytest.raises(ValueError, match="written with other settings.*ttt_steps"):
+        train(str(shards), str(out), cfg(max_steps=4, checkpoint_every=1, ttt_steps=3, resume=True))
+    assert (out / "train_settings.json").read_bytes() == recorded
+    train(
+        str(shards), str(out), cfg(max_steps=4, checkpoint_every=1, resume=True)
+    )  # the same settings resume
