@@ -57,3 +57,33 @@ def test_a_refused_resume_leaves_the_recorded_settings_alone(tmp_path, shards): 
     train(
         str(shards), str(out), cfg(max_steps=4, checkpoint_every=1, resume=True)
     )  # the same settings resume
+
+
+def test_concurrent_exports_into_one_out_one_wins_the_other_is_refused(tmp_path, monkeypatch):
+    """Issue 49 item 3: while one export holds OUT (from its checks to its rename), a second is refused at once;
+    after it, exporting again replaces the export as before."""
+    import threading
+
+    import specdraft.export as ex
+
+    out = tmp_path / "exp"
+    entered, release = threading.Event(), threading.Event()
+    errors = []
+
+    def slow(*a, **kw):
+        entered.set()
+        release.wait(30)
+        return 0
+
+    monkeypatch.setattr(ex, "_export", slow)
+    t = threading.Thread(target=lambda: ex.export("run", str(out)))
+    t.start()
+    assert entered.wait(30)
+    try:
+        ex.export("run", str(out))
+    except ValueError as e:
+        errors.append(str(e))
+    release.set()
+    t.join()
+    assert len(errors) == 1 and "another export is writing" in errors[0]
+    assert ex.export("run", str(out)) == 0  # the lock is gone with its holder

@@ -28,6 +28,7 @@ config.json and *.safetensors) and by holding nothing else. Any other directory 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -519,6 +520,37 @@ def export(
     if errors:
         raise ValueError("export: " + "; ".join(errors))
     out_dir = Path(os.path.abspath(out))  # absolute, symlinks kept: a link is refused, not followed
+    with export_lock(
+        out_dir
+    ):  # a second exporter into the same OUT at once is refused, never a second success
+        return _export(checkpoint, out_dir, format, target, k, dtype, check_vllm, trust_remote_code, verifier)
+
+
+@contextlib.contextmanager
+def export_lock(out_dir: Path):
+    """An exclusive lock on exporting into `out_dir`, held from its checks to its rename: flock on
+    `.NAME.export.lock` beside it (the kernel drops it when the holder dies). A concurrent exporter is refused."""
+    import fcntl
+
+    blocked = file_in_the_way(out_dir.parent, "export")
+    if blocked is not None:
+        raise ValueError(f"export: {blocked}")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir.parent / f".{out_dir.name}.export.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"export: another export is writing {out_dir} now: wait for it to finish, or export "
+                             "into another directory") from None  # fmt: skip
+        yield
+    finally:
+        os.close(fd)
+
+
+def _export(checkpoint: str, out_dir: Path, format: str, target: str, k: int, dtype: str, check_vllm: bool,
+            trust_remote_code: bool, verifier: str) -> int:  # fmt: skip
+    """`export` into `out_dir`, under its lock."""
     check_out_dir(out_dir)  # before any loading: a refused directory costs nothing
     source, step = exported_draft(checkpoint)
     from specdraft.model.dflash_files import is_dflash_dir
