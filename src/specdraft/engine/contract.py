@@ -413,6 +413,15 @@ VLLM_CONTRACT = Contract(
             used_by=_EVAL_WORKER,
         ),
         Entry(
+            # EAGLE-3.1's per-aux-layer norms before fc (vLLM >= 0.22; None when the draft has none): the parity
+            # check records their inputs, the raw aux states (fc's own input is already normed then)
+            "vllm.Eagle3LlamaModel.fc_norm",
+            "vllm.model_executor.models.llama_eagle3:LlamaModel",
+            attributes=("fc_norm",),
+            used_by=_EVAL_WORKER,
+            optional=True,
+        ),
+        Entry(
             "vllm.load_hidden_states",
             "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector:load_hidden_states",
             positional=1,

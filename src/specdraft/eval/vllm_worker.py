@@ -36,7 +36,8 @@ class _DrafterRecorder:
     """Forward hooks on vLLM's loaded EAGLE-3 draft: every ``fc``, model and logits call, in call order.
 
     Events (dicts, ``kind`` first):
-      ``fc``     -- ``aux`` (N, 3H) the concatenated target aux states, ``out`` (N, H) the fused input;
+      ``fc``     -- ``aux`` (N, 3H) the concatenated target aux states (before EAGLE-3.1's norms, where the draft
+                    has them), ``out`` (N, H) the fused input;
       ``model``  -- ``input_ids`` (N,), ``positions`` (N,), ``hidden`` (N, H) the hidden input,
                     ``normed`` (N, H) and ``prenorm`` (N, H) the outputs;
       ``logits`` -- ``hidden`` (S, H) the normed rows logits were computed for, ``logits`` (S, Vd).
@@ -53,7 +54,13 @@ class _DrafterRecorder:
         self.events: list[dict[str, Any]] = []
         d2t = engines.read(model, "vllm.Eagle3LlamaForCausalLM", "draft_id_to_target_id")
         self.d2t = None if d2t is None else _cpu(d2t)
+        try:  # EAGLE-3.1: fc reads the normed aux states; the norms' inputs are the raw ones
+            norms = engines.read(inner, "vllm.Eagle3LlamaModel.fc_norm", "fc_norm") or []
+        except AttributeError:  # a release before fc_norm
+            norms = []
+        self._raw: dict[int, torch.Tensor] = {}
         self.handles = [
+            *(n.register_forward_hook(self._on_norm(i)) for i, n in enumerate(norms)),
             fc.register_forward_hook(self._on_fc),
             model.register_forward_hook(self._on_model, with_kwargs=True),
             lp.register_forward_hook(self._on_logits),
@@ -63,8 +70,18 @@ class _DrafterRecorder:
         if len(self.events) < self.max_events:
             self.events.append(event)
 
+    def _on_norm(self, i: int):
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            self._raw[i] = _cpu(args[0])  # (N, H) aux layer i before its norm
+
+        return hook
+
     def _on_fc(self, module: nn.Module, args: tuple, out: Any) -> None:
-        self._add({"kind": "fc", "aux": _cpu(args[0]), "out": _cpu(_first_tensor(out))})
+        raw, self._raw = self._raw, {}
+        aux = (
+            torch.cat([raw[i] for i in sorted(raw)], dim=-1) if raw else _cpu(args[0])
+        )  # (N, 3H) before norms
+        self._add({"kind": "fc", "aux": aux, "out": _cpu(_first_tensor(out))})
 
     def _on_model(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         names = ("input_ids", "positions", "hidden_states")
