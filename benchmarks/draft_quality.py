@@ -99,6 +99,8 @@ def main() -> None:
     p.add_argument("--base-run", default="", help="a finished run with the base settings, adopted as base_s0")
     p.add_argument("--prompts", type=int, default=80)
     p.add_argument("--batch1-prompts", type=int, default=8)
+    p.add_argument("--k", type=int, default=3, help="draft tokens a round when served")
+    p.add_argument("--serve-out", default="serve", help="the serving report's directory under --out")
     p.add_argument("--train-only", action="store_true", help="train and export, serve nothing")
     p.add_argument("--out", default="runs/bench-draft-quality")
     a = p.parse_args()
@@ -114,8 +116,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     if a.train_only:
         return
-    rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=3, max_new_tokens=64,
-                        max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, out=str(root / "serve"))  # fmt: skip
+    rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=a.k, max_new_tokens=64,
+                        max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, out=str(root / a.serve_out))  # fmt: skip
     print(
         f"\n{'arm':<24}{'train s':>8}{'val acc0':>9}{'vLLM tau':>9}{'batch 1':>8}  acceptance per position, lossless"
     )
@@ -123,11 +125,19 @@ def main() -> None:
         d = rep["drafts"][r["export"]]
         b1 = (d.get("batch1") or {}).get("speedup")
         speed = f"{b1:.2f}x" if b1 else "-"
+        cost = (d.get("batch1") or {}).get("round_cost_in_target_steps")
         acc = [None if x is None else round(x, 3) for x in d["acceptance_rate_per_position"]]
-        r.update(tau=round(d["tau"], 3), batch1=speed, acceptance=acc, lossless=d["lossless"]["ok"])
-        print(f"{r['arm']:<24}{r['train_s'] or '-':>8}{r['val_acc0'] or '-':>9}{r['tau']:>9.3f}{speed:>8}  {acc}, "
-              f"{'lossless' if r['lossless'] else 'NOT LOSSLESS'}")  # fmt: skip
-    (root / "table.json").write_text(json.dumps(rows, indent=1))
+        r.update(
+            tau=round(d["tau"], 3),
+            batch1=speed,
+            round_cost=cost,
+            acceptance=acc,
+            lossless=d["lossless"]["ok"],
+            k=a.k,
+        )
+        print(f"{r['arm']:<24}{r['train_s'] or '-':>8}{r['val_acc0'] or '-':>9}{r['tau']:>9.3f}{speed:>8}{cost or '-':>7}  "
+              f"{acc}, {'lossless' if r['lossless'] else 'NOT LOSSLESS'}")  # fmt: skip
+    (root / f"table-{a.serve_out}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
