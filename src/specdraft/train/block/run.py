@@ -313,6 +313,10 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
     # draft (fresh, --init-from, or --resume's checkpoint), optimizer ---
     run = _build(shards, Path(out), cfg)
     _write_settings(run, shards)
+    if run.rank == 0:  # checkpoints/ temporaries of a killed run (OUT's own: the directory lock removes them)
+        from specdraft.fileio import remove_dead_leftovers
+
+        remove_dead_leftovers(run.out / "checkpoints")
     try:
         return _loop(run, _stop_at)
     finally:  # an online capture's engine (vLLM: other processes) ends with the run, failed or not
