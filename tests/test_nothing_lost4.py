@@ -138,15 +138,22 @@ def _shards(out: Path) -> Path:
     return Path(json.loads((out / "train_settings.json").read_text())["settings"]["shards"])
 
 
-def test_a_damaged_optimizer_or_weights_file_is_named_with_the_fix(killed, tmp_path):
-    out, _ = killed
+@pytest.fixture(scope="module")
+def stopped(data, tmp_path_factory) -> Path:
+    """A run stopped after its checkpoint of step 2 (of 3)."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    train_dflash(str(data[1]), out, CFG, _stop_at=2)
+    return out
+
+
+def test_a_damaged_optimizer_weights_or_config_file_is_named_with_the_fix(data, stopped, tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(out, run)
-    ck = run / "checkpoints" / "step_3"
+    shutil.copytree(stopped, run)
+    ck = run / "checkpoints" / "step_2"
     opt = ck / "optimizer.pt"
     opt.write_bytes(opt.read_bytes()[:100])
     with pytest.raises(ValueError) as e:
-        train_dflash(str(_shards(out)), run, replace(CFG, resume=True))
+        train_dflash(str(data[1]), run, replace(CFG, resume=True))
     assert str(e.value).startswith(f"{opt} cannot be read (")
     assert str(e.value).endswith(f": delete {ck} to resume from the checkpoint before it (or start in a new OUT "
                                  "directory)")  # fmt: skip
@@ -155,13 +162,26 @@ def test_a_damaged_optimizer_or_weights_file_is_named_with_the_fix(killed, tmp_p
     with pytest.raises(
         ValueError, match=rf"^{w} cannot be read \(SafetensorError: .*\): delete {ck} to resume"
     ):
-        train_dflash(str(_shards(out)), run, replace(CFG, resume=True))
-    (run / "final" / "config.json").write_text("")
+        train_dflash(str(data[1]), run, replace(CFG, resume=True))
+    (ck / "config.json").write_text("")
     with pytest.raises(ValueError) as e:
-        load_dflash(run / "final")
-    assert str(e.value).startswith(
-        f"{run / 'final' / 'config.json'} cannot be read (not JSON: Expecting value"
+        load_dflash(ck)
+    assert str(e.value).startswith(f"{ck / 'config.json'} cannot be read (not JSON: Expecting value")
+
+
+def test_resume_with_other_settings_is_refused_and_writes_nothing(data, stopped, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(stopped, run)
+    before = tree(run)
+    with pytest.raises(ValueError) as e:
+        train(str(data[1]), str(run), replace(CFG, resume=True, lr=0.005, anchors=8, seed=5))
+    assert (
+        "was written with other settings (lr 0.003 there, 0.005 now, seed 0 there, 5 now, anchors 4 there, "
+        "8 now): resume with the settings it was written with (--lr 0.003 --seed 0 --anchors 4)"
+        in str(e.value)
     )
+    assert tree(run) == before
+    train(str(data[1]), str(run), replace(CFG, resume=True, max_steps=2))  # --max-steps is free to change
 
 
 # --- 2: a user's directories under checkpoints/ -------------------------------------------------------------
@@ -302,7 +322,6 @@ def test_a_sidecar_or_dataset_manifest_without_its_keys_is_named_with_the_fix(da
 
 def test_block_settings_are_checked_before_the_target_loads(data, tmp_path, monkeypatch):
     import specdraft.model.frozen as frozen
-    from specdraft.train.block.setup import BlockData, data_problems
 
     monkeypatch.setattr(
         frozen, "load_frozen", lambda *a, **k: pytest.fail("the target loaded before the check")
@@ -320,6 +339,8 @@ def test_block_settings_are_checked_before_the_target_loads(data, tmp_path, monk
             train(str(data[1]), str(out), replace(CFG, **kw))
         assert said in str(e.value)
         assert not [p for p in out.rglob("*") if p.name != ".specdraft.lock"]
+    from specdraft.train.block.setup import BlockData, data_problems
+
     huge = BlockData(None, [1], {0: 300_000}, [0], [], "t", "", 0, 1000)
     got = data_problems(replace(CFG, block_size=100_000, max_length=400_000, anchors=64), huge, "cpu")
     assert (
