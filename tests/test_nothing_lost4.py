@@ -347,3 +347,23 @@ def test_block_settings_are_checked_before_the_target_loads(data, tmp_path, monk
         len(got) == 1
         and "--block-size 100000 with --anchors 64: one chunk of 64 blocks needs at least " in got[0]
     )
+
+
+# --- 3 (prepare's side) and 10: prepare writes under the directory's lock, a killed one's temporaries go -------
+
+
+def test_prepare_writes_under_the_lock_and_removes_a_killed_prepares_temporaries(tmp_path, tiny_llama_dir):
+    from specdraft.data.prepare import prepare
+    from specdraft.fileio import DirectoryInUse, DirLock
+
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(4, seed=1))
+    ds = tmp_path / "ds"
+    with DirLock(ds, "dataset"), pytest.raises(DirectoryInUse, match=f"{ds} is in use by another specdraft"):
+        prepare(str(src), str(ds), target=str(tiny_llama_dir), max_length=64)  # another writer holds it
+    assert [p.name for p in ds.iterdir()] == [".specdraft.lock"]
+    left = ds / f".data.parquet.specdraft-{dead_pid()}.tmp"  # a prepare killed mid-write
+    left.write_bytes(b"partial")
+    (ds / ".mine.tmp").write_text("mine")
+    prepare(str(src), str(ds), target=str(tiny_llama_dir), max_length=64)
+    assert not left.exists() and (ds / ".mine.tmp").read_text() == "mine"
+    assert not [p for p in ds.iterdir() if ".specdraft-" in p.name]
