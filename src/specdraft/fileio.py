@@ -8,13 +8,15 @@ let a later writer prove a leftover is a dead specdraft process's, and remove on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,75 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def _fsync_tree(directory: Path) -> None:
+    """fsync every file of ``directory`` and the directory itself (what a rename then publishes is on disk)."""
+    for p in sorted(directory.rglob("*")):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_dir(path: Path) -> None:
+    """Remove a directory of ours without a window where half of it is visible under its name: renamed to a
+    private temporary first (:func:`tmp_path`, so a kill -9 mid-removal leaves a dead writer's leftover that
+    the next writer removes), then deleted."""
+    gone = path.with_name(f".{path.name}.old.specdraft-{os.getpid()}.tmp")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def remove_dead_leftovers(directory: Path) -> None:
+    """Remove the temporaries dead specdraft writers left in ``directory`` (:func:`dead_writers_leftovers`)."""
+    if not directory.is_dir():
+        return
+    for leftover in dead_writers_leftovers(directory):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path, at: Callable[[str, Path], None] | None = None) -> Iterator[Path]:
+    """Write a directory whole: yields a private temporary (:func:`tmp_path`) to fill; when the block ends
+    without an error its files are fsynced and it replaces ``path`` (an old ``path`` is removed only after
+    the new one is complete, through :func:`remove_dir`); on any error, an interrupt or SIGTERM included, the
+    temporary is removed and ``path`` is left as it was. A kill -9 leaves only the temporary: a dead writer's
+    leftover. ``at(window, temporary)`` is called at each step (tests: the state a kill -9 there leaves)."""
+    at = at or (lambda window, tmp: None)
+    tmp = tmp_path(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    at("created", tmp)
+    try:
+        yield tmp
+        at("filled", tmp)
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        old = path.with_name(f".{path.name}.old.specdraft-{os.getpid()}.tmp")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        at("moved-aside", tmp)
+        os.replace(tmp, path)
+        at("renamed", path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+        at("renamed", path)
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 hex digest of a file's content, read in 1 MiB chunks."""
     h = hashlib.sha256()
@@ -146,7 +217,6 @@ class DirLock:
 
     def __enter__(self) -> DirLock:
         import fcntl
-        import shutil
         import sys
 
         output_dir(self.dir, self.what)
@@ -164,11 +234,7 @@ class DirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv[:3])} {self.what}".encode(), 0)
         self._fd = fd
-        for leftover in dead_writers_leftovers(self.dir):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+        remove_dead_leftovers(self.dir)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -147,6 +147,9 @@ def _dataset_target(ds, target: str, trust_remote_code: bool) -> str:
     from specdraft.targets import load_tokenizer, locate_target, tokenizer_hash
 
     recorded = ds.manifest.get("target")
+    if not isinstance(recorded, str) or not recorded:  # a manifest without its target: data for which one?
+        raise ValueError(f"{ds.path / 'manifest.json'} cannot be read (it lacks 'target', the model the data "
+                         f"was prepared for): rerun `specdraft prepare` into {ds.path}")  # fmt: skip
     if not target:
         return recorded or EMBEDDED_DEFAULT
     want = ds.manifest.get("tokenizer_hash")

@@ -67,7 +67,15 @@ from specdraft.data.sources import (
     read_records,
     sharegpt_path,
 )
-from specdraft.fileio import atomic_write_text, file_hash, output_dir, read_state, sha256_file, tmp_path
+from specdraft.fileio import (
+    DirLock,
+    atomic_write_text,
+    file_hash,
+    output_dir,
+    read_state,
+    sha256_file,
+    tmp_path,
+)
 
 __all__ = ["LEADING_DROPPED", "ReadReport", "read_conversations", "sharegpt_path", "prepare", "load_dataset"]
 DATASET_FILE = "data.parquet"
@@ -219,30 +227,33 @@ def prepare(
                          + "; ".join(_describe_drops(r.report) for r in reads))  # fmt: skip
     out_dir = output_dir(out, "dataset")
     table, counts, kinds, per_conv = _rows(convs, len(tok))
-    content = _write_dataset(out_dir, table, counts, overwrite)
-    manifest = {
-        "kind": "specdraft.dataset",
-        "specdraft_version": __version__,
-        "content_hash": content,
-        **_source_fields(sources, reads, convs),
-        "target": target,
-        "tokenizer_hash": tokenizer_hash(tok),
-        "vocab_size": len(tok),
-        "mode": "text" if text else "chat",
-        **template_identity(tok, kwargs),
-        "renderer": checked_by,
-        "reasoning_loss": reasoning_loss,
-        "reasoning_format": reasoning_format,
-        "max_length": max_length,
-        "num_conversations": len(convs),
-        "num_samples": table.num_rows,
-        "samples_per_conversation": per_conv,
-        "num_tokens": int(sum(len(x) for x in table.column("input_ids").to_pylist())),
-        "num_loss_tokens": int(sum(kinds.values())),
-        "loss_tokens_by_kind": kinds,
-        "seconds": round(time.time() - t0, 2),
-    }
-    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
+    # one writer at a time: the data files and the manifest that describes them written under the
+    # directory's lock (a second prepare into this OUT is refused; a killed one's temporaries are removed)
+    with DirLock(out_dir, "dataset"):
+        content = _write_dataset(out_dir, table, counts, overwrite)
+        manifest = {
+            "kind": "specdraft.dataset",
+            "specdraft_version": __version__,
+            "content_hash": content,
+            **_source_fields(sources, reads, convs),
+            "target": target,
+            "tokenizer_hash": tokenizer_hash(tok),
+            "vocab_size": len(tok),
+            "mode": "text" if text else "chat",
+            **template_identity(tok, kwargs),
+            "renderer": checked_by,
+            "reasoning_loss": reasoning_loss,
+            "reasoning_format": reasoning_format,
+            "max_length": max_length,
+            "num_conversations": len(convs),
+            "num_samples": table.num_rows,
+            "samples_per_conversation": per_conv,
+            "num_tokens": int(sum(len(x) for x in table.column("input_ids").to_pylist())),
+            "num_loss_tokens": int(sum(kinds.values())),
+            "loss_tokens_by_kind": kinds,
+            "seconds": round(time.time() - t0, 2),
+        }
+        atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     _print_summary(out_dir, manifest, reads, max_length)
     return out_dir
 

@@ -120,7 +120,7 @@ def shard_is_complete(out: Path, stem: str) -> bool:
     """
     try:
         side = json.loads((out / f"{stem}.json").read_text())
-        return (out / f"{stem}.safetensors").stat().st_size == side["bytes"]
+        return not sidecar_problem(side) and (out / f"{stem}.safetensors").stat().st_size == side["bytes"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -187,6 +187,22 @@ def bytes_per_token(n_layers: int, hidden: int, dtype: str) -> int:
 def estimate_bytes(num_tokens: int, n_layers: int, hidden: int, dtype: str) -> int:
     """Bytes an extraction of `num_tokens` tokens writes (tensors plus a little header overhead)."""
     return math.ceil(num_tokens * bytes_per_token(n_layers, hidden, dtype) * 1.01) + 4096
+
+
+def sidecar_problem(side: object) -> str:
+    """Why a sidecar's content is not one (its keys and their types; "" when it is): each reader may then
+    index it without a KeyError."""
+    if not isinstance(side, dict):
+        return "is not a JSON object"
+    want = {"extraction": str, "shard": str, "samples": list, "lengths": list, "sha256": str, "bytes": int}
+    missing = [k for k in want if k not in side]
+    if missing:
+        return f"lacks {', '.join(map(repr, missing))}"
+    wrong = [k for k, t in want.items() if not isinstance(side[k], t) or isinstance(side[k], bool)]
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in [*side["samples"], *side["lengths"]])
+    if wrong or not ints or len(side["samples"]) != len(side["lengths"]):
+        return f"holds values of the wrong type ({', '.join(wrong) or 'samples, lengths'})"
+    return ""
 
 
 def _read_json(path: Path) -> dict:
@@ -271,6 +287,10 @@ class ShardSet:
                     side = _read_json(sc)
                 except ShardError as e:
                     problems.append((path, e))
+                    continue
+                bad = sidecar_problem(side)
+                if bad:
+                    problems.append((path, ShardError(sc, f"sidecar unreadable (it {bad})", foreign_fix(sc))))
                     continue
                 sidecars[path] = side
                 problems += [(path, e) for e in _size_problems(path, side)]

@@ -47,32 +47,74 @@ def is_dflash_dir(path: str | Path) -> bool:
         return False
 
 
-def save_dflash(draft: DFlashDraft, path: str | Path, extra: dict | None = None) -> Path:
-    """Write config.json + model.safetensors of `draft` into `path` (created)."""
+def write_dflash(draft: DFlashDraft, path: Path, extra: dict | None = None) -> None:
+    """Write model.safetensors then config.json of `draft` into the existing directory `path` (not atomic by
+    itself: `save_dflash`, or a checkpoint's writer, gives it a private temporary directory)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
     save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     (path / CONFIG_FILE).write_text(
         json.dumps({"format": FORMAT, "dflash": draft.cfg.to_dict(), **(extra or {})})
     )
+
+
+def save_dflash(draft: DFlashDraft, path: str | Path, extra: dict | None = None, at=None) -> Path:
+    """Write config.json + model.safetensors of `draft` as the directory `path`, whole: into a private
+    temporary renamed over `path` when complete (`fileio.atomic_dir`; `at`: its test hook)."""
+    from specdraft.fileio import atomic_dir
+
+    path = Path(path)
+    with atomic_dir(path, at) as tmp:
+        write_dflash(draft, tmp, extra)
     return path
 
 
-def load_dflash(path: str | Path) -> DFlashDraft:
-    """The draft saved in `path` by `save_dflash`."""
+#: what to do about a saved draft that cannot be read
+UNREADABLE_FIX = ("a checkpoints/step_N: delete it to resume from the checkpoint before it; a final/: rerun the "
+                  "train command with --resume to write it again; else save or download the draft again")  # fmt: skip
+
+
+def read_dflash_config(path: str | Path, fix: str = UNREADABLE_FIX) -> dict:
+    """The config.json of the saved draft in `path`, checked: a JSON object of format FORMAT with a `dflash`
+    object of DFlashConfig's fields; anything else is one line naming the file, with `fix`."""
+    from dataclasses import fields
+
+    from specdraft.fileio import read_state
+
+    f = Path(path) / CONFIG_FILE
+    if not f.is_file():
+        raise FileNotFoundError(f"{f} is missing: {fix}")
+    meta = read_state(f, fix, keys=("format", "dflash"))
+    if meta["format"] != FORMAT:
+        raise ValueError(
+            f"{Path(path)} is not a saved DFlash draft (format {meta['format']!r}, not {FORMAT!r})"
+        )
+    known = {x.name for x in fields(DFlashConfig)}
+    if not isinstance(meta["dflash"], dict) or set(meta["dflash"]) - known:
+        raise ValueError(f"{f} cannot be read (its 'dflash' is not an object of DFlash settings): {fix}")
+    return meta
+
+
+def load_dflash(path: str | Path, fix: str = UNREADABLE_FIX) -> DFlashDraft:
+    """The draft saved in `path` by `save_dflash`; a missing, empty or damaged file is one line naming it."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    meta = json.loads((path / CONFIG_FILE).read_text())
-    if meta.get("format") != FORMAT:
+    meta = read_dflash_config(path, fix)
+    try:
+        draft = DFlashDraft(DFlashConfig(**meta["dflash"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path / CONFIG_FILE} cannot be read ({e}): {fix}") from None
+    w = path / WEIGHTS_FILE
+    if not w.is_file():
+        raise FileNotFoundError(f"{w} is missing: {fix}")
+    try:
+        draft.load_state_dict(load_file(str(w)))
+    except Exception as e:  # a corrupted header or truncated file (SafetensorError), other tensors
         raise ValueError(
-            f"{path} is not a saved DFlash draft (format {meta.get('format')!r}, not {FORMAT!r})"
-        )
-    draft = DFlashDraft(DFlashConfig(**meta["dflash"]))
-    draft.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+            f"{w} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}): {fix}"
+        ) from None
     return draft
 
 

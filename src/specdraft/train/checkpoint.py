@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import random
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.fileio import atomic_write_text, changed_settings
+from specdraft.fileio import atomic_write_text, changed_settings, remove_dead_leftovers, remove_dir, tmp_path
 from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, load_draft_state, save_draft
 from specdraft.model.draft import Eagle3Draft
 from specdraft.train.config import _RESUME_FREE, SMALL_RUN, TrainConfig
@@ -75,8 +76,9 @@ def _save_checkpoint(
     """Write OUT/checkpoints/step_N (draft files + train_state.pt) atomically, point `latest` at it, prune old ones."""
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    remove_dead_leftovers(root)  # a killed writer's temporaries (ours by name and a dead pid), nothing else
     name = f"step_{step:08d}"
-    tmp = root / f".{name}.tmp"
+    tmp = tmp_path(root / name)
     shutil.rmtree(tmp, ignore_errors=True)
     state = {
         "step": step,
@@ -93,12 +95,24 @@ def _save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk must not stay full of a partial checkpoint
         raise
     final = root / name
-    shutil.rmtree(final, ignore_errors=True)
+    if final.exists():  # this step's own checkpoint written again: renamed away, then deleted
+        remove_dir(final)
     os.replace(tmp, final)
     atomic_write_text(root / LATEST_FILE, name)
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in written_checkpoints(root)[:-keep]:
+        remove_dir(old)
     return final
+
+
+#: the exact name of a checkpoint directory this module writes (a user's step_00000011_mybackup is not one)
+CHECKPOINT_DIR = re.compile(r"step_[0-9]{8}")
+
+
+def written_checkpoints(root: Path) -> list[Path]:
+    """The checkpoint directories under `root` that training wrote (that exact name, holding its
+    train_state.pt), oldest first: the only ones pruning removes."""
+    found = [p for p in root.iterdir() if CHECKPOINT_DIR.fullmatch(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: p.name)
 
 
 @contextlib.contextmanager

@@ -49,4 +49,4 @@ def open_online(data: str, cfg, device: torch.device) -> BlockData:
     tgt = opened.target
     name = cfg.target or getattr(tgt, "path", "") or tgt.name
     return BlockData(OnlineSamples(opened), list(opened.layer_ids)[:-1], lengths, train_sids, val_sids, name,
-                     tgt.config_hash, opened.scored)  # fmt: skip
+                     tgt.config_hash, opened.scored, int(getattr(tgt, "vocab_size", 0) or 0))  # fmt: skip

@@ -43,27 +43,33 @@ and optimizer, as one process writes them, and resumes with or without --fsdp), 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from specdraft.model.dflash import DFlashDraft
-from specdraft.model.dflash_files import save_dflash
+from specdraft.model.dflash_files import write_dflash
 from specdraft.train.batches import part_share
+from specdraft.train.block import setup as block_setup
 from specdraft.train.block.objective import BlockStats, sample_anchors
 from specdraft.train.block.online import open_online
 from specdraft.train.block.setup import (
     BlockData,
     anchor_generator,
-    checkpoints,
+    complete_checkpoints,
+    data_problems,
     epoch_batches,
     extend_plan,
     init_problems,
+    load_optimizer_state,
     load_sample,
     open_data,
+    resume_problems,
     sample_tensors,
     start_draft,
+    write_checkpoint,
 )
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
 from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
@@ -84,13 +90,20 @@ def block_problems(cfg) -> list[str]:
         out.append(f"--block-size must be >= 2 (the anchor and one mask slot), not {cfg.block_size}")
     if cfg.draft_layers < 1 or cfg.anchors < 1:
         out.append("--draft-layers and --anchors must be >= 1")
+    if cfg.block_size >= cfg.max_length >= 3:
+        out.append(f"--block-size {cfg.block_size} must be below --max-length {cfg.max_length}: a block is its anchor "
+                   f"(after a sample's first token) and the {cfg.block_size - 1} tokens after it; lower --block-size "
+                   "or raise --max-length")  # fmt: skip
+    if cfg.mask_token_id < -1:
+        out.append(f"--mask-token-id must be a token id of the target (0 .. vocabulary - 1), or -1 for its last "
+                   f"row, not {cfg.mask_token_id}")  # fmt: skip
     # EAGLE-3's checks (--report-to among them); --init-from is checked against the data (`init_problems`)
     return out + [p for p in replace(cfg, init_from="", fsdp=False).problems() if p not in out]
 
 
 def _out_problems(out: Path, resume: bool) -> list[str]:
     """OUT against --resume, as EAGLE-3's `train` checks it: continue a run's checkpoints or start in a new OUT."""
-    ckpts = checkpoints(out)
+    ckpts = complete_checkpoints(out)
     if ckpts and not resume:
         return [f"{out} already holds checkpoints (newest {ckpts[-1].name}): pass --resume to continue, or "
                 "choose another OUT directory"]  # fmt: skip
@@ -135,7 +148,10 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
     cfg, said = with_recipe(cfg, data.scored, recipe)
     if said and rank == 0:
         print(said, flush=True)
-    problems = init_problems(cfg, data)
+    # every check that needs only metadata (the data, the --init-from draft, --resume's checkpoint and the
+    # settings it was written with) before the target loads, and before anything is written
+    resumed, problems = resume_problems(cfg, data, out)
+    problems = data_problems(cfg, data, device) + init_problems(cfg, data) + problems
     if problems:
         raise ValueError("train: " + "; ".join(problems))
     tgt = load_frozen(
@@ -144,14 +160,14 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
     if data.target_hash and tgt.config_hash != data.target_hash:
         raise ValueError(f"train: the target {data.target_name} is not the one the shards were extracted from: "
                          "pass --target with the extraction's model")  # fmt: skip
-    draft, start, resumed, init_from = start_draft(cfg, data, tgt, out)
+    draft, start, init_from = start_draft(cfg, data, tgt, resumed)
     sharded = cfg.fsdp and world > 1
     model = wrap(draft.to(device), sharded, cfg.position_weights)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     opt = make_optimizer(named, cfg.optimizer, cfg.lr, cfg.weight_decay)
     if resumed is not None:
-        load_optimizer(model, opt, torch.load(resumed / "optimizer.pt", weights_only=True), sharded)
+        load_optimizer(model, opt, load_optimizer_state(resumed), sharded)
     if not epoch_batches(data, cfg.max_tokens, cfg.seed, 0):
         raise ValueError(f"train: no training batch: {len(data.train_sids)} training samples of length >= 3; "
                          "add data or lower --val-fraction")  # fmt: skip
@@ -219,8 +235,9 @@ def _step_data(run: _BlockRun, step: int, held: _Held) -> tuple[list[int], int, 
     return group, part, [a.tensor_split(n)[part] for a in held.anchors]
 
 
-def _validate(run: _BlockRun, log: MetricsLog, step: int) -> dict:
-    """Every held-out sample (each rank its share), every valid anchor up to --anchors: recorded, returned."""
+def _validate(run: _BlockRun, log: MetricsLog, step: int, again: bool = False) -> dict:
+    """Every held-out sample (each rank its share), every valid anchor up to --anchors: recorded (unless
+    `again`: its record is already there), returned."""
     st = BlockStats(run.draft.cfg.block_size)
     mine = run.data.val_sids[run.rank :: run.world]
     rounds = -(-len(run.data.val_sids) // run.world)  # as many calls on every rank (past its share: none)
@@ -229,23 +246,49 @@ def _validate(run: _BlockRun, log: MetricsLog, step: int) -> dict:
     if run.sharded:
         run.model.reshard()
     val = _global(run, st).summary()
-    log({"split": "val", "step": step, **val})
+    if not again:
+        log({"split": "val", "step": step, **val})
     return val
 
 
 def _checkpoint(run: _BlockRun, step: int) -> Path:
-    """checkpoints/step_N (the draft, the optimizer, the step), the oldest beyond --keep-checkpoints removed."""
-    import shutil
-
+    """checkpoints/step_N (the draft, the optimizer, the step and the settings trained with), written whole,
+    the oldest complete ones beyond --keep-checkpoints removed (`setup.write_checkpoint`)."""
     path = run.out / "checkpoints" / f"step_{step}"
     draft, opt_state = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     if run.rank == 0:
-        save_dflash(draft, path, extra={"train": {"step": step}})
-        torch.save(opt_state, path / "optimizer.pt")
-        for p in checkpoints(run.out)[: -run.cfg.keep_checkpoints]:
-            shutil.rmtree(p, ignore_errors=True)
+        write_checkpoint(
+            run.out, step, draft, opt_state, {"settings": asdict(run.cfg)}, run.cfg.keep_checkpoints
+        )
     barrier(run.world)
     return path
+
+
+def _write_settings(run: _BlockRun, shards: str) -> None:
+    """OUT/train_settings.json: the settings trained with (the recipe's where it applied; a valid --config
+    FILE, what --resume reads back), as EAGLE-3's run writes it."""
+    from specdraft.runtime import write_settings
+    from specdraft.train.loop import SETTINGS_FILE, run_settings
+
+    if run.rank == 0:
+        write_settings(run.out / SETTINGS_FILE, "train", run_settings(shards, run.out, run.cfg))
+
+
+def _logged_val(out: Path, step: int) -> bool:
+    """Whether metrics.jsonl already holds the validation record of `step` (a run killed after its last
+    checkpoint and its final validation, before final/, resumes at that step: not recorded twice)."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return False
+    for ln in lines:
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("split") == "val" and rec.get("step") == step:
+            return True
+    return False
 
 
 def _print_header(run: _BlockRun) -> None:
@@ -269,6 +312,11 @@ def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None)
     # --- setup: processes, data (shards, or --online the target capturing a dataset), the recipe, target,
     # draft (fresh, --init-from, or --resume's checkpoint), optimizer ---
     run = _build(shards, Path(out), cfg)
+    _write_settings(run, shards)
+    if run.rank == 0:  # checkpoints/ temporaries of a killed run (OUT's own: the directory lock removes them)
+        from specdraft.fileio import remove_dead_leftovers
+
+        remove_dead_leftovers(run.out / "checkpoints")
     try:
         return _loop(run, _stop_at)
     finally:  # an online capture's engine (vLLM: other processes) ends with the run, failed or not
@@ -322,14 +370,22 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
                 return path
 
     # --- end: final validation, final/ (rank 0) ---
-    val = _validate(run, log, run.total)
+    val = _validate(run, log, run.total, again=run.start == run.total and _logged_val(run.out, run.total))
     draft, _ = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     final = run.out / "final"
     if run.rank == 0:
+        from specdraft.fileio import atomic_dir, read_state
+        from specdraft.runtime import write_settings
+        from specdraft.train.checkpoint import disk_errors_named
+        from specdraft.train.loop import SETTINGS_FILE
+
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
         print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
         extra = {"step": run.total, "val": val, **({"init_from": run.init_from} if run.init_from else {})}
-        save_dflash(draft, final, extra={"train": extra})
+        settings = read_state(run.out / SETTINGS_FILE, "rerun the train command with --resume")["settings"]
+        with disk_errors_named(final), atomic_dir(final, block_setup._window) as tmp:  # visible only whole
+            write_dflash(draft, tmp, extra={"train": {**extra, "settings": settings}})
+            write_settings(tmp / SETTINGS_FILE, "train", settings)
     log.close()
     barrier(run.world)
     return final

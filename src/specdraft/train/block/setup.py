@@ -10,14 +10,22 @@ other layers or other block settings is refused, with the fix (as `train.setup.w
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specdraft.model.dflash import DFlashConfig, DFlashDraft
-from specdraft.model.dflash_files import is_dflash_dir, load_dflash
+from specdraft.model.dflash import FORMAT, DFlashConfig, DFlashDraft
+from specdraft.model.dflash_files import (
+    WEIGHTS_FILE,
+    is_dflash_dir,
+    load_dflash,
+    read_dflash_config,
+    write_dflash,
+)
 from specdraft.model.draft import build_vocab_map, vocab_counts
 from specdraft.train.batches import split_sids
 from specdraft.train.config import flags
@@ -35,6 +43,7 @@ class BlockData:
     target_name: str
     target_hash: str  # the extraction's record of the target's config hash ("" when none)
     scored: int = 0  # loss-masked tokens of the samples used (what `--recipe auto` decides on)
+    vocab_size: int = 0  # the target's vocabulary as the extraction recorded it (0: not recorded)
 
 
 def open_data(shards: str, cfg) -> BlockData:
@@ -51,8 +60,9 @@ def open_data(shards: str, cfg) -> BlockData:
     lengths = {s: min(ss.length(s), cfg.max_length) for s in sids if ss.length(s) >= 3}
     train_sids, val_sids = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
     aux_ids = list(man["layer_ids"])[:-1]  # the final id L is captured for EAGLE-3's teacher only
+    vocab = tinfo.get("vocab_size")
     return BlockData(ss, aux_ids, lengths, train_sids, val_sids, name, tinfo.get("config_hash") or "",
-                     _scored(ss, sids))  # fmt: skip
+                     _scored(ss, sids), vocab if isinstance(vocab, int) else 0)  # fmt: skip
 
 
 def _scored(ss, sids: list[int]) -> int:
@@ -67,14 +77,15 @@ def _scored(ss, sids: list[int]) -> int:
 
 
 def dflash_dir(path: str) -> Path | None:
-    """The saved draft `path` names: itself, its final/, or the newest checkpoints/step_N; None for none."""
+    """The saved draft `path` names: itself, its final/, or the newest complete checkpoints/step_N; None for
+    none."""
     p = Path(path)
     if (p / "config.json").exists():
         return p
     if (p / "final" / "config.json").exists():
         return p / "final"
-    ckpts = sorted((p / "checkpoints").glob("step_*"), key=lambda c: int(c.name[5:]))
-    return ckpts[-1] if ckpts and (ckpts[-1] / "config.json").exists() else None
+    ckpts = complete_checkpoints(p)
+    return ckpts[-1] if ckpts else None
 
 
 def init_problems(cfg, data: BlockData) -> list[str]:
@@ -89,7 +100,7 @@ def init_problems(cfg, data: BlockData) -> list[str]:
     if not is_dflash_dir(p):
         return [f"--init-from {p} is not a DFlash draft (an EAGLE-3 one?): pass --init-from a draft trained "
                 "with --draft dflash, or train it with --draft eagle3"]  # fmt: skip
-    dc = DFlashConfig(**json.loads((p / "config.json").read_text())["dflash"])
+    dc = DFlashConfig(**read_dflash_config(p)["dflash"])
     if dc.target_config_hash and data.target_hash and dc.target_config_hash != data.target_hash:
         return [f"--init-from {p} is a draft for another target ({dc.target_name or '?'}, config hash "
                 f"{dc.target_config_hash}) than the data's ({data.target_name}, config hash {data.target_hash}): "
@@ -112,6 +123,44 @@ def init_problems(cfg, data: BlockData) -> list[str]:
     return errs
 
 
+def _memory_bytes(device) -> int:
+    """The memory of `device` (a GPU's total, else this machine's RAM; 0 when unknown)."""
+    try:
+        if torch.device(device).type == "cuda":
+            return torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, RuntimeError, AssertionError):
+        return 0
+
+
+def data_problems(cfg, data: BlockData, device, chunk: int = 64) -> list[str]:
+    """The block settings against the data, from metadata alone (before the target loads): a block longer
+    than any sample can fill, a mask token outside the vocabulary, a chunk of blocks that cannot fit in memory."""
+    out = []
+    longest = max(data.lengths.values(), default=0)
+    Q = cfg.block_size
+    if longest and Q > longest - 1:
+        out.append(f"--block-size {Q} is longer than any sample can fill: the longest sample used has {longest} "
+                   f"tokens (--max-length {cfg.max_length}), a block needs a token before its anchor and "
+                   f"{Q - 1} after it: lower --block-size to at most {longest - 1}")  # fmt: skip
+    if data.vocab_size and cfg.mask_token_id >= data.vocab_size:
+        out.append(f"--mask-token-id {cfg.mask_token_id} is outside the target's vocabulary of {data.vocab_size} "
+                   f"tokens: pass a token id below {data.vocab_size}, or -1 for the last row")  # fmt: skip
+    # one chunk of n blocks: its block mask (n Q x (context + n Q) bools) and its logits (n Q x draft vocab,
+    # float32, with their softmax and gradient): a lower bound of what a step allocates
+    n = min(cfg.anchors, chunk, max(longest - 2, 1))
+    rows = n * Q
+    need = rows * (longest + rows) + 3 * 4 * rows * (
+        data.vocab_size and min(cfg.draft_vocab_size, data.vocab_size)
+    )
+    have = _memory_bytes(device)
+    if have and need > have:
+        out.append(f"--block-size {Q} with --anchors {cfg.anchors}: one chunk of {n} blocks needs at least "
+                   f"{need / 1e9:.1f} GB, more than the {have / 1e9:.1f} GB of {device}: lower --block-size or "
+                   "--anchors")  # fmt: skip
+    return out
+
+
 def new_draft(cfg, data: BlockData, tgt) -> DFlashDraft:
     """A fresh draft sized like the target: its embedding, head rows and final norm, the data's vocabulary."""
     V = tgt.vocab_size
@@ -130,24 +179,132 @@ def new_draft(cfg, data: BlockData, tgt) -> DFlashDraft:
     return draft
 
 
+#: a checkpoint directory's exact name (a user's step_best, step_3_backup or step_03 is not one)
+STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+OPTIMIZER_FILE = "optimizer.pt"
+
+
 def checkpoints(out: Path) -> list[Path]:
-    """OUT/checkpoints/step_N, oldest first."""
-    return sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    """OUT/checkpoints/step_N directories (that exact name), oldest first: complete or not (`is_ours`)."""
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
 
 
-def start_draft(cfg, data: BlockData, tgt, out: Path) -> tuple[DFlashDraft, int, Path | None, str]:
-    """(the draft, the step it is at, the checkpoint --resume continues or None, the --init-from path or "")."""
-    ckpts = checkpoints(out)
-    if cfg.resume and ckpts:
-        draft = load_dflash(ckpts[-1])
-        if draft.cfg.aux_layer_ids != data.aux_ids or draft.cfg.block_size != cfg.block_size:
-            raise ValueError(f"train --resume: {ckpts[-1]} is a draft for other layers or block size than these "
-                             "settings and data: resume with the settings it was trained with")  # fmt: skip
-        return draft, json.loads((ckpts[-1] / "config.json").read_text())["train"]["step"], ckpts[-1], ""
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The step of a checkpoint a DFlash run wrote whole (its marker: config.json of a DFlash draft recording
+    `train.step` = N of its name step_N, beside the weights and optimizer.pt); None for anything else."""
+    m = STEP_DIR.fullmatch(ckpt.name)
+    try:
+        meta = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    train = meta.get("train") if isinstance(meta, dict) else None
+    ok = m and meta.get("format") == FORMAT and isinstance(train, dict) and train.get("step") == int(m[1])
+    ok = ok and (ckpt / WEIGHTS_FILE).is_file() and (ckpt / OPTIMIZER_FILE).is_file()
+    return int(m[1]) if ok else None
+
+
+def complete_checkpoints(out: Path) -> list[Path]:
+    """The checkpoints a DFlash run wrote whole (`checkpoint_step`), oldest first: what --resume and pruning
+    consider; a user's directory, or a partial one of an older specdraft, is left alone."""
+    return [p for p in checkpoints(out) if checkpoint_step(p) is not None]
+
+
+def _window(name: str, path: Path) -> None:
+    """Tests: called at each point of a checkpoint's or final/'s writing (the state a kill -9 there leaves)."""
+
+
+def write_checkpoint(
+    out: Path, step: int, draft: DFlashDraft, opt_state: dict, train: dict, keep: int
+) -> Path:
+    """OUT/checkpoints/step_N, whole (a private temporary renamed when complete: a kill -9, SIGTERM or full disk
+    leaves the previous checkpoints as they were), then the oldest complete ones beyond `keep` removed (only
+    those, each renamed away before it is deleted); dead writers' temporaries under checkpoints/ go too."""
+    from specdraft.fileio import atomic_dir, remove_dead_leftovers, remove_dir
+    from specdraft.train.checkpoint import disk_errors_named
+
+    root = Path(out) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    remove_dead_leftovers(root)
+    path = root / f"step_{step}"
+    if path.exists() and checkpoint_step(path) is None:  # a partial one of an older specdraft, or not ours
+        theirs = sorted(
+            p.name for p in path.iterdir() if p.name not in ("config.json", WEIGHTS_FILE, OPTIMIZER_FILE)
+        )
+        if theirs or not path.is_dir():
+            raise ValueError(f"train: {path} is in the way of the checkpoint of step {step} and holds files "
+                             f"specdraft did not write ({', '.join(theirs) or 'a file'}): move it out of "
+                             f"{root}, then resume")  # fmt: skip
+    with disk_errors_named(path), atomic_dir(path, _window) as tmp:
+        write_dflash(draft, tmp, extra={"train": {"step": step, **train}})
+        _window("weights", tmp)
+        torch.save(opt_state, tmp / OPTIMIZER_FILE)
+    _window("written", path)
+    for old in complete_checkpoints(out)[:-keep] if keep > 0 else []:
+        remove_dir(old)
+        _window("pruned", old)
+    return path
+
+
+def load_optimizer_state(ckpt: Path) -> dict:
+    """optimizer.pt of a checkpoint; a missing or unreadable one is one line naming it, with the fix."""
+    f = ckpt / OPTIMIZER_FILE
+    fix = f"delete {ckpt} to resume from the checkpoint before it (or start in a new OUT directory)"
+    try:
+        return torch.load(f, weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{f} is missing: {fix}") from None
+    except Exception as e:  # truncated ("PytorchStreamReader failed ..."), or not a torch file
+        raise ValueError(
+            f"{f} cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}): {fix}"
+        ) from None
+
+
+def resume_problems(cfg, data: BlockData, out: Path) -> tuple[Path | None, list[str]]:
+    """--resume: (the newest complete checkpoint, the settings that differ from the ones it was written with,
+    as EAGLE-3's resume compares them: `fileio.changed_settings` but `train.config._RESUME_FREE`)."""
+    from dataclasses import asdict
+
+    from specdraft.fileio import changed_settings
+    from specdraft.train.config import _RESUME_FREE, TrainConfig
+
+    ckpts = complete_checkpoints(out)
+    if not cfg.resume or not ckpts:
+        return None, []
+    ck = ckpts[-1]
+    meta = read_dflash_config(ck, f"delete {ck} to resume from the checkpoint before it")
+    old = meta["train"].get("settings")
+    dc = meta["dflash"]
+    if not isinstance(old, dict):  # written before checkpoints recorded their settings: the draft's own
+        if dc.get("aux_layer_ids") != data.aux_ids or dc.get("block_size") != cfg.block_size:
+            return ck, [f"--resume: {ck} is a draft for other layers or block size than these settings and data: "
+                        "resume with the settings it was trained with"]  # fmt: skip
+        return ck, []
+    free = {*_RESUME_FREE, "fsdp"}  # --fsdp holds the same weights (a checkpoint resumes with or without it)
+    changed = changed_settings(old, asdict(cfg), asdict(TrainConfig()), skip=free)
+    if dc.get("aux_layer_ids") != data.aux_ids:
+        changed.append(("aux layers", dc.get("aux_layer_ids"), data.aux_ids))
+    if not changed:
+        return ck, []
+    said = ", ".join(f"{k} {a!r} there, {b!r} now" for k, a, b in changed)
+    return ck, [f"--resume: {ck} was written with other settings ({said}): resume with the settings it was "
+                f"written with ({flags({k: a for k, a, _ in changed if k in old})}), or start in a new OUT "
+                "directory"]  # fmt: skip
+
+
+def start_draft(cfg, data: BlockData, tgt, resumed: Path | None) -> tuple[DFlashDraft, int, str]:
+    """(the draft, the step it is at, the --init-from path or ""): --resume's checkpoint `resumed`, else
+    --init-from's draft, else a fresh one."""
+    if resumed is not None:
+        fix = f"delete {resumed} to resume from the checkpoint before it"
+        return load_dflash(resumed, fix), read_dflash_config(resumed, fix)["train"]["step"], ""
     if cfg.init_from:  # a trained draft: its weights and vocabulary (not the data's counts); a new optimizer
         p = dflash_dir(cfg.init_from)
-        return load_dflash(p), 0, None, str(p)
-    return new_draft(cfg, data, tgt), 0, None, ""
+        return load_dflash(p), 0, str(p)
+    return new_draft(cfg, data, tgt), 0, ""
 
 
 def epoch_batches(data: BlockData, max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
