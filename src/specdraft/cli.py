@@ -342,7 +342,9 @@ def _run(fns: dict, argv: list[str], cmd: str) -> int:
         # user errors (bad input, paths, a full disk, engine refusals) in one line; anything else is a bug
         if os.environ.get("SPECDRAFT_DEBUG") or not (isinstance(e, _USER_ERRORS) or _disk_full(e)):
             raise
-        if int(os.environ.get("RANK", "0") or 0) == 0:  # under torchrun every rank refuses alike: rank 0 says it
+        if (
+            int(os.environ.get("RANK", "0") or 0) == 0
+        ):  # under torchrun every rank refuses alike: rank 0 says it
             print(f"specdraft {cmd}: error: {_user_message(e, _hint(cmd, argv, kwargs))}", file=sys.stderr)
         return 2
     _record(cmd, settings)

@@ -100,9 +100,9 @@ def write_settings(path: Path, command: str, settings: dict, keep: dict | None =
     """Write the settings file of `settings` as `path` (atomically; `keep`: other keys to keep); returns it."""
     doc = {**(keep or {}), **settings_doc(command, settings, path.name)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
+    from specdraft.fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")  # a temporary of this process's own, renamed
     return path
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -144,7 +145,10 @@ def latest_checkpoint(out: str | Path) -> Path | None:
         p = root / pointer.read_text().strip()
         if (p / STATE_FILE).exists():
             return p
-    found = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).exists())
+    # only the directories training names (step_ and 8 digits): a user's copy `step_00000011_mybackup` is not one
+    found = sorted(
+        p for p in root.glob("step_*") if re.fullmatch(r"step_\d{8}", p.name) and (p / STATE_FILE).exists()
+    )
     return found[-1] if found else None
 
 
