@@ -241,6 +241,18 @@ def init_problems(cfg: TrainConfig) -> list[str]:
 
 _DEFAULTS = TrainConfig()
 
+#: the settings a run trains with, in OUT and in OUT/final: `specdraft train --config FILE` reads it back
+SETTINGS_FILE = "train_settings.json"
+
+
+def run_settings(shards: str, out_dir, cfg: TrainConfig) -> dict:
+    """`train`'s flat settings (the positionals, then every TrainConfig field but --resume, a way of running
+    them rather than one of them: the file starts a run like it, or resumes it with --resume): its content."""
+    from dataclasses import asdict
+
+    return {"shards": shards, "out": str(out_dir), **{k: v for k, v in asdict(cfg).items() if k != "resume"}}
+
+
 # the small-run recipe: measured against the defaults above along the scaling curve (docs/experiments.md)
 SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss": True, "decay": 0.5,
              "hard_weight": 1.0, "steps_per_batch": 2, "fc_init": "high", "ema": 0.99}  # fmt: skip

@@ -47,7 +47,7 @@ from specdraft.train.checkpoint import (
     _save_checkpoint,
     disk_errors_named,
 )
-from specdraft.train.config import _DEFAULTS, TrainConfig
+from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
 from specdraft.train.losses import parse_loss
 from specdraft.train.metrics import MetricsLog
@@ -541,8 +541,6 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
         return train_loop(shards, out_dir, cfg)
 
 
-#: the settings a run trains with, in OUT and in OUT/final: `specdraft train --config FILE` reads it back
-SETTINGS_FILE = "train_settings.json"
 _KINDS = {"specdraft.eagle3": "eagle3", "specdraft.dflash": "dflash"}  # a saved draft's format -> its kind
 
 
@@ -569,12 +567,6 @@ def refuse_other_run(out_dir: Path, draft: str) -> None:
     if held and held[0] != draft:
         raise ValueError(f"train: {out_dir} holds a --draft {held[0]} run ({held[1]} says so); a --draft {draft} run "
                          "there would replace its draft and metrics: choose another OUT directory")  # fmt: skip
-
-
-def run_settings(shards: str, out_dir: Path, cfg: TrainConfig) -> dict:
-    """`train`'s flat settings (the positionals, then every TrainConfig field but --resume, a way of running
-    them rather than one of them: the file starts a run like it, or resumes it with --resume): its content."""
-    return {"shards": shards, "out": str(out_dir), **{k: v for k, v in asdict(cfg).items() if k != "resume"}}
 
 
 def resume_hint(argv: list[str], out: str) -> str:

@@ -268,7 +268,7 @@ def _write_settings(run: _BlockRun, shards: str) -> None:
     """OUT/train_settings.json: the settings trained with (the recipe's where it applied; a valid --config
     FILE, what --resume reads back), as EAGLE-3's run writes it."""
     from specdraft.runtime import write_settings
-    from specdraft.train.loop import SETTINGS_FILE, run_settings
+    from specdraft.train.config import SETTINGS_FILE, run_settings
 
     if run.rank == 0:
         write_settings(run.out / SETTINGS_FILE, "train", run_settings(shards, run.out, run.cfg))
@@ -377,7 +377,7 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
         from specdraft.fileio import atomic_dir, read_state
         from specdraft.runtime import write_settings
         from specdraft.train.checkpoint import disk_errors_named
-        from specdraft.train.loop import SETTINGS_FILE
+        from specdraft.train.config import SETTINGS_FILE
 
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
         print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
