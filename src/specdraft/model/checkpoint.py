@@ -79,7 +79,13 @@ def load_draft_config(path: str | Path) -> DraftConfig:
     if not p.exists():
         raise FileNotFoundError(f"{p.parent} is not a saved draft (no {CONFIG_FILE}): point at a `final/` or "
                                 "`checkpoints/step_*/` directory written by `specdraft train`")  # fmt: skip
-    meta = json.loads(p.read_text())
+    try:
+        meta = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{p} is not readable JSON ({e}): the draft's config is damaged; use another checkpoint "
+                         "or train again") from None  # fmt: skip
+    if not isinstance(meta, dict):
+        raise ValueError(f"{p} is not a draft config (a JSON object): use another checkpoint or train again")
     if meta.get("format") != FORMAT:
         kind = published_kind(meta, p.parent)
         if kind is not None:  # a published EAGLE-3 draft (speculators or EAGLE-3's layout, ours exported too)
