@@ -87,3 +87,24 @@ def test_concurrent_exports_into_one_out_one_wins_the_other_is_refused(tmp_path,
     t.join()
     assert len(errors) == 1 and "another export is writing" in errors[0]
     assert ex.export("run", str(out)) == 0  # the lock is gone with its holder
+
+
+def test_a_damaged_eagle3_draft_is_named_in_one_line(tmp_path):
+    """Issue 49 item 7: an empty config.json, a safetensors file with a corrupted header: the file named."""
+    import numpy as np
+    from conftest import build_tiny_model
+
+    from specdraft.model.checkpoint import load_draft, load_draft_config, save_draft
+    from specdraft.model.draft import build_draft
+    from specdraft.targets import wrap_model
+
+    target = wrap_model(build_tiny_model("llama"), name="tiny")
+    d = tmp_path / "d"
+    save_draft(build_draft(target, np.arange(target.vocab_size), [2, 4, 5], draft_vocab_size=32), d)
+    w = d / "model.safetensors"
+    w.write_bytes(b"\xff" * 16 + w.read_bytes()[16:])
+    with pytest.raises(ValueError, match="model.safetensors cannot be read.*damaged"):
+        load_draft(d, with_embeddings=False)
+    (d / "config.json").write_text("")
+    with pytest.raises(ValueError, match="config.json is not readable JSON"):
+        load_draft_config(d)

@@ -108,7 +108,16 @@ def load_draft_state(
     cfg = load_draft_config(path)  # the clear error for a directory that is no saved draft
     if is_published(path):
         return published_state(path, cfg)
-    state = load_file(str(Path(path) / WEIGHTS_FILE))
+    weights = Path(path) / WEIGHTS_FILE
+    try:
+        state = load_file(str(weights))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{weights} is missing: the saved draft is incomplete; use another checkpoint"
+        ) from None
+    except Exception as e:  # safetensors' own error for a damaged header or a cut file, without the path
+        raise ValueError(f"{weights} cannot be read ({type(e).__name__}: {e}): the file is damaged; use another "
+                         "checkpoint (checkpoints/step_N) or train again") from None  # fmt: skip
     meta = json.loads((Path(path) / CONFIG_FILE).read_text())
     source = meta.get("embed_tokens")
     if source is not None and with_embeddings:
