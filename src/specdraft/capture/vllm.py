@@ -61,6 +61,7 @@ import gc
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -647,9 +648,12 @@ class VLLMCapture:
                 self._rpc("specdraft_remove")
             except Exception:  # the engine may already be down; nothing left to clean then
                 pass
+        t0 = time.monotonic()
+        print("vLLM: stopping the engine (its processes end with it) ...", flush=True)
         self.llm = None
         gc.collect()  # the engine's processes end with it, before its lifetime guard is left
-        self._guard.close()
+        self._guard.close()  # what is still running then is ended: SIGTERM, then SIGKILL (engine/lifetime.py)
+        print(f"vLLM: engine stopped in {time.monotonic() - t0:.0f} s", flush=True)
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
