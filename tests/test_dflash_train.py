@@ -224,7 +224,7 @@ def test_the_small_run_recipe_fills_dflash_s_settings_not_given(shards, tmp_path
 
 def test_report_to_reaches_the_trackers(shards, tmp_path, fakes):  # noqa: F811
     """--report-to through EAGLE-3's MetricsLog: every metrics record, train and val, at its step."""
-    from specdraft.train.metrics import scalars
+    from specdraft.train.report.metrics import scalars
 
     out = tmp_path / "runs" / "dflash-a"
     train(str(shards), str(out), cfg(max_steps=3, checkpoint_every=10, report_to="wandb,mlflow"))

@@ -52,7 +52,7 @@ def test_item6_tensorboard_gets_the_run_name_project_and_settings(tmp_path, monk
     import sys
     import types
 
-    from specdraft.train.metrics import open_trackers
+    from specdraft.train.report.metrics import open_trackers
 
     made = []
 
@@ -172,7 +172,7 @@ def test_item8_training_png_smoothed_one_entry_per_step_and_an_lr_panel(tmp_path
     import json
     from pathlib import Path
 
-    from specdraft.train.plot import plot_metrics, smooth
+    from specdraft.train.report.plot import plot_metrics, smooth
 
     recs = [{"split": "val", "step": 0, "loss": 9.0, "acc": [0.1, 0.0, 0.0], "oov_share": [0.1] * 3}]
     recs += [{"split": "train", "step": s, "loss": 9.0 - s / 50 + (s % 2), "acc": [0.1 + s / 500] * 3,

@@ -15,7 +15,7 @@ import pytest
 from test_train_rough_edges import cfg, shards  # noqa: F401  (the module's fixture)
 
 from specdraft.train.loop import train
-from specdraft.train.metrics import TRACKERS, scalars
+from specdraft.train.report.metrics import TRACKERS, scalars
 
 
 class Calls(list):

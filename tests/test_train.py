@@ -421,7 +421,7 @@ def test_a_signal_while_training_png_draws_is_delivered_after_it(tmp_path, monke
     import os
     import signal
 
-    from specdraft.train import plot
+    from specdraft.train.report import plot
 
     class Stop(Exception):
         pass

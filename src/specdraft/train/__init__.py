@@ -12,8 +12,11 @@ The rest, in the order `train` uses it:
 - `ttt.py`: the TTT unroll, its attention mask, the teacher head and the loss (`TTTModel`).
 - `distributed.py`: the torchrun process group, DDP / FSDP2 wrapping, all-reduces.
 - `checkpoint.py`: write, prune and restore resumable checkpoints (draft files via `model.checkpoint`).
-- `metrics.py`: OUT/metrics.jsonl and the trackers of --report-to (TensorBoard, W&B, Trackio, MLflow, each
-  offline/local); `plot.py`: training.png from it.
+- `losses.py`: the token losses of --loss (KL, reverse KL, JS, TV, NLA, LK and weighted sums).
+- `optim.py`: the optimizers of --optimizer (AdamW, Muon for matrices beside AdamW).
+- `report/`: OUT/metrics.jsonl and the trackers of --report-to (TensorBoard, W&B, Trackio, MLflow, each
+  offline/local); training.png from it.
+- `block/`: the DFlash (block-parallel) draft's training.
 
 May import: `fileio`, `targets`, `engine`, `data`, `model`, `capture` (online mode pulls hidden states from
 a target in process or through a vLLM engine).

@@ -13,7 +13,7 @@ import torch
 
 from specdraft.model.checkpoint import draft_dir, load_draft_config
 from specdraft.train.losses import parse_loss
-from specdraft.train.metrics import tracker_problems
+from specdraft.train.report.metrics import tracker_problems
 
 
 @dataclass

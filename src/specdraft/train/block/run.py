@@ -8,7 +8,7 @@ resume, draft_vocab_size), plus the block ones (block_size, draft_layers, anchor
 train_mask_embedding), and the same machinery:
 
   - trackers: metrics.jsonl and `--report-to` (tensorboard, wandb, trackio, mlflow) through EAGLE-3's
-    `train.metrics.MetricsLog`, with its records (`split` train or val, `step`, loss, acc per block slot,
+    `train.report.metrics.MetricsLog`, with its records (`split` train or val, `step`, loss, acc per block slot,
     tau, blocks; train adds lr, epoch and the global batch's tokens); a resumed run drops the records past
     its checkpoint;
   - `--init-from` a saved DFlash draft (final/, a checkpoint, or a train OUT): its weights and draft
@@ -74,7 +74,7 @@ from specdraft.train.block.setup import (
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
 from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
-from specdraft.train.metrics import MetricsLog
+from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.optim import make_optimizer
 
 # settings --draft dflash refuses away from their default, and why (none today: the table stays for the next)
