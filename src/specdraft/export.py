@@ -528,15 +528,16 @@ def export(
 
 @contextlib.contextmanager
 def export_lock(out_dir: Path):
-    """An exclusive lock on exporting into `out_dir`, held from its checks to its rename: flock on
-    `.NAME.export.lock` beside it (the kernel drops it when the holder dies). A concurrent exporter is refused."""
+    """An exclusive lock on exporting into `out_dir`, held from its checks to its rename: flock on a file in the
+    system's temporary directory named by OUT's path (nothing is written beside OUT; the kernel drops the lock
+    when the holder dies). A concurrent exporter into the same OUT is refused."""
     import fcntl
+    import hashlib
+    import tempfile
 
-    blocked = file_in_the_way(out_dir.parent, "export")
-    if blocked is not None:
-        raise ValueError(f"export: {blocked}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out_dir.parent / f".{out_dir.name}.export.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    check_out_dir(out_dir)  # a refused OUT is named before any lock is taken
+    key = hashlib.sha256(str(out_dir).encode()).hexdigest()[:16]
+    fd = os.open(Path(tempfile.gettempdir()) / f"specdraft-export-{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -550,8 +551,7 @@ def export_lock(out_dir: Path):
 
 def _export(checkpoint: str, out_dir: Path, format: str, target: str, k: int, dtype: str, check_vllm: bool,
             trust_remote_code: bool, verifier: str) -> int:  # fmt: skip
-    """`export` into `out_dir`, under its lock."""
-    check_out_dir(out_dir)  # before any loading: a refused directory costs nothing
+    """`export` into `out_dir`, under its lock (taken after `check_out_dir`: a refused OUT costs no loading)."""
     source, step = exported_draft(checkpoint)
     from specdraft.model.dflash_files import is_dflash_dir
 
