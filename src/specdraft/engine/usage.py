@@ -125,6 +125,12 @@ VLLM_CONVENTIONS: tuple[Convention, ...] = (
         hooks=(f"{_WORKER}:_DrafterRecorder._on_fc", f"{_WORKER}:_first_tensor"),
     ),
     Convention(
+        "EAGLE-3.1 fc_norm",
+        "fc_norm[i](aux hidden state i) -> normed; each auxiliary layer's norm before fc (drafts with fc_norm)",
+        arguments=(("x", 0),),
+        hooks=(f"{_WORKER}:_DrafterRecorder._on_norm.hook",),
+    ),
+    Convention(
         "logits_processor",
         "logits_processor(lm_head, hidden_states) -> (N, draft vocab) logits",
         arguments=(("hidden_states", 1),),

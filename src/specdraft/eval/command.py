@@ -113,29 +113,29 @@ EVAL_WRITES = ("report.json", "report_vllm.json", "acceptance_per_position.png",
                "eval_settings.json", ".specdraft.lock")  # fmt: skip
 
 
-def check_eval_out(out: Path) -> None:
+def check_eval_out(out_dir: Path) -> None:
     """Refuse, in one line with the fix, an --out eval cannot write or must not write into (a directory holding
     files eval did not write: a dataset's, a run's), as export refuses; a writable new or eval directory passes."""
     from specdraft.fileio import file_in_the_way
 
     fix = "choose a new or empty --out, or an earlier eval's"
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"eval: --out {out} exists and is not a directory: {fix}")
-    blocked = file_in_the_way(out, "eval")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"eval: --out {out_dir} exists and is not a directory: {fix}")
+    blocked = file_in_the_way(out_dir, "eval")
     if blocked is not None:
         raise ValueError(f"eval: {blocked}")
-    if out.is_dir():
+    if out_dir.is_dir():
         other = sorted(
-            p.name for p in out.iterdir() if p.name not in EVAL_WRITES and not p.name.startswith("export-")
+            p.name for p in out_dir.iterdir() if p.name not in EVAL_WRITES and not p.name.startswith("export-")
         )
         if other:
             shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")
             raise ValueError(
-                f"eval: refusing to write into {out}: it holds files eval did not write ({shown}): {fix}"
+                f"eval: refusing to write into {out_dir}: it holds files eval did not write ({shown}): {fix}"
             )
-    probe = out if out.is_dir() else next(p for p in out.parents if p.exists())
+    probe = out_dir if out_dir.is_dir() else next(p for p in out_dir.parents if p.exists())
     if not os.access(probe, os.W_OK):
-        raise ValueError(f"eval: --out {out} cannot be written here ({probe} is not writable): {fix}")
+        raise ValueError(f"eval: --out {out_dir} cannot be written here ({probe} is not writable): {fix}")
 
 
 def _recorded_target(draft: list[str]) -> str:
