@@ -92,11 +92,12 @@ def test_trains_messages_name_only_options_train_or_extract_has():
     """A refusal from train tells the user what to type: --out is an option of neither (OUT is positional)."""
     have = {s for cmd in ("train", "extract") for a in _parsers()[cmd]._actions for s in a.option_strings}
     named = set()
-    for f in (SRC / "train").glob("*.py"):
+    for f in (SRC / "train").rglob("*.py"):
         named |= set(re.findall(r"(--[a-z][a-z0-9-]+)", f.read_text()))
     others = {
         "--backend-store-uri",
         "--force-reinstall",
         "--flag",
-    }  # mlflow's and pip's; `--flag / --no-flag`
+        "--logdir",
+    }  # mlflow's, pip's, tensorboard's; `--flag / --no-flag`
     assert {n for n in named if n not in have and not n.startswith("--no-")} - others == set()
