@@ -204,7 +204,7 @@ def test_dflash_online_through_vllm_equals_offline_on_shards_extracted_through_v
     target, ds = prepared("llama")
     hs = extract(str(ds), str(tmp_path / "hs"), backend="vllm", layers=[0, 1, 2], store_dtype="float32",
                  skip_doctor=True)  # fmt: skip
-    c = cfg(draft="dflash", block_size=3, anchors=4, recipe="off")
+    c = cfg(draft="dflash", block_size=3, anchors=4, recipe="off", ttt_steps=TrainConfig.ttt_steps)
     off = train(str(hs), str(tmp_path / "offline"), c)
     on = train(str(ds), str(tmp_path / "online"), replace(c, online=True, backend="vllm", layers=[0, 1, 2]))
     lo, ln = losses(tmp_path / "offline"), losses(tmp_path / "online")
