@@ -126,7 +126,9 @@ def check_eval_out(out_dir: Path) -> None:
         raise ValueError(f"eval: {blocked}")
     if out_dir.is_dir():
         other = sorted(
-            p.name for p in out_dir.iterdir() if p.name not in EVAL_WRITES and not p.name.startswith("export-")
+            p.name
+            for p in out_dir.iterdir()
+            if p.name not in EVAL_WRITES and not p.name.startswith("export-")
         )
         if other:
             shown = ", ".join(other[:4]) + (f" and {len(other) - 4} more" if len(other) > 4 else "")

@@ -50,8 +50,8 @@ from specdraft.train.checkpoint import (
 from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
 from specdraft.train.losses import parse_loss
-from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.optim import make_optimizer
+from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.report.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup, warm_problems
 from specdraft.train.ttt import (

@@ -74,8 +74,8 @@ from specdraft.train.block.setup import (
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
 from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
-from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.optim import make_optimizer
+from specdraft.train.report.metrics import MetricsLog
 
 # settings --draft dflash refuses away from their default, and why (none today: the table stays for the next)
 UNSUPPORTED: dict[str, tuple[object, str]] = {}
