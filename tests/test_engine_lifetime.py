@@ -124,6 +124,26 @@ def test_the_guard_is_held_only_inside_and_the_watchdog_exits_on_leaving():
     assert lifetime.active_guards() == 0 and _start_time(watchdog) is None
 
 
+def test_a_shutdown_past_its_bound_is_cut_short_and_said(capsys):
+    """stop_engine: an engine whose shutdown hangs (here: dropping it waits on a process that ignores SIGTERM)
+    has what it left ended after the bound, and the user reads that; a quick one ends nothing."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    child, guard = lifetime.build_guarded(lambda: subprocess.Popen([sys.executable, "-c", stubborn]))
+    procs = {child.pid: _start_time(child.pid)}
+    try:
+        time.sleep(3 * lifetime.SCAN_SECONDS)  # the watchdog has recorded it
+        t0 = time.monotonic()
+        lifetime.stop_engine(child.wait, guard, seconds=1.0)  # the "shutdown" returns once the child is gone
+        assert time.monotonic() - t0 < 1.0 + 2 * lifetime.TERM_SECONDS + 5
+        assert not _alive(procs) and lifetime.active_guards() == 0
+        assert "did not stop within 1 s; its processes were ended" in capsys.readouterr().out
+        quick, guard = lifetime.build_guarded(lambda: subprocess.Popen([sys.executable, "-c", "pass"]))
+        lifetime.stop_engine(quick.wait, guard, seconds=30.0)
+        assert "vLLM: engine stopped in" in capsys.readouterr().out and lifetime.active_guards() == 0
+    finally:
+        _cleanup(procs)
+
+
 # ---------------------------------------------------------------------------------------------
 # every engine start is guarded
 # ---------------------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def test_extension_module_imports_without_vllm(ext):
     tree = ast.parse(_module_path(ext.path.rsplit(".", 1)[0]).read_text())
     top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
-    assert top <= {"__future__", "typing", "gc", "os", "shutil", "tempfile", "time", "collections.abc", "pathlib", "torch",
+    assert top <= {"__future__", "typing", "gc", "os", "shutil", "tempfile", "collections.abc", "pathlib", "torch",
                    "specdraft.engine", "specdraft.targets"}, top  # fmt: skip
 
 

@@ -57,11 +57,9 @@ Requirements: ``enforce_eager=True`` (no CUDA graphs or torch.compile around the
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -648,12 +646,7 @@ class VLLMCapture:
                 self._rpc("specdraft_remove")
             except Exception:  # the engine may already be down; nothing left to clean then
                 pass
-        t0 = time.monotonic()
-        print("vLLM: stopping the engine (its processes end with it) ...", flush=True)
-        self.llm = None
-        gc.collect()  # the engine's processes end with it, before its lifetime guard is left
-        self._guard.close()  # what is still running then is ended: SIGTERM, then SIGKILL (engine/lifetime.py)
-        print(f"vLLM: engine stopped in {time.monotonic() - t0:.0f} s", flush=True)
+        lifetime.stop_engine(lambda: setattr(self, "llm", None), self._guard)  # said, and bounded
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 

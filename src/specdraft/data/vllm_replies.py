@@ -75,8 +75,5 @@ class VLLMGenerator:
 
     def close(self) -> None:
         """Drop the engine (its workers exit with it), then leave its lifetime guard."""
-        import gc
 
-        self.llm = None
-        gc.collect()
-        self._guard.close()
+        lifetime.stop_engine(lambda: setattr(self, "llm", None), self._guard)  # said, and bounded

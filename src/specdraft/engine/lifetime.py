@@ -19,7 +19,8 @@ was entered (not ours to end) and itself. When its stdin reaches end of file wit
 the guarded process is gone (a forked child may hold the pipe open), it sends SIGTERM to every recorded
 process still alive with the same start time and to their children, waits up to 3 s, sends SIGKILL to the
 rest (multiprocessing's resource tracker, which ignores SIGTERM, gets 3 s more to unlink what they leaked)
-and exits. Leaving the guard writes ``done``: the watchdog exits and ends nothing. A process that exits
+and exits. Leaving the guard writes ``done``: the watchdog exits and ends nothing. :func:`stop_engine` writes
+``end`` when an engine's own shutdown runs past its bound (30 s): the watchdog ends the recorded processes then. A process that exits
 without leaving it (an engine never closed) closes the pipe as it ends, after vLLM's own atexit shutdown:
 what is left of the engine then is ended too. It ignores SIGINT, SIGHUP
 and SIGTERM, so the Ctrl-C a terminal sends to the whole foreground process group leaves it to do its
@@ -35,17 +36,20 @@ the group); an engine process still shutting down after the guard was left; proc
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 MARKER = "--specdraft-engine-watchdog"  # in the watchdog's command line: a watchdog never ends another
 SCAN_SECONDS = 0.5  # how often the watchdog records the descendants
+STOP_SECONDS = 30.0  # an engine's own shutdown gets this long; then its watchdog ends what it left running
 TERM_SECONDS = 3.0  # SIGTERM, then this long, then SIGKILL
 T = TypeVar("T")
 _active: list[subprocess.Popen] = []  # watchdogs of the guards entered in this process
@@ -154,6 +158,8 @@ def watch(parent: int, parent_start: int) -> int:
             got += data
             if b"done\n" in got:
                 return 0
+            if b"end\n" in got:  # asked (stop_engine: a shutdown past its bound): end them now
+                return 0 if _end(recorded, me) >= 0 else 1
             if not data:  # end of file without `done`: the guarded process died
                 break
         if not _alive(parent, parent_start):
@@ -213,17 +219,51 @@ def engine_lifetime() -> Iterator[int | None]:
 
 
 def build_guarded(build: Callable[[], T]) -> tuple[T, contextlib.ExitStack]:
-    """`build()` (an engine) inside a new :func:`engine_lifetime`: (the engine, the guard to close once it is dropped).
+    """`build()` (an engine) inside a new :func:`engine_lifetime`: (the engine, the guard to close once it is dropped,
+    by :func:`stop_engine`).
 
     A build that fails leaves the guard at once.
     """
     guard = contextlib.ExitStack()
-    guard.enter_context(engine_lifetime())
+    watchdog = guard.enter_context(engine_lifetime())
+    guard.watchdog = next((p for p in _active if p.pid == watchdog), None)  # type: ignore[attr-defined]
     try:
         return build(), guard
     except BaseException:
         guard.close()
         raise
+
+
+def stop_engine(drop: Callable[[], None], guard: contextlib.ExitStack, seconds: float = STOP_SECONDS) -> None:
+    """Stop an engine built by :func:`build_guarded`, said and bounded: `drop()` lets go of it (vLLM shuts its
+    processes down as it is collected), then the guard is left. A shutdown still running after `seconds` is cut
+    short: the guard's watchdog ends what the engine left (SIGTERM, then SIGKILL) and the collection returns."""
+    t0 = time.monotonic()
+    print("vLLM: stopping the engine (its processes end with it) ...", flush=True)
+    proc, cut = getattr(guard, "watchdog", None), threading.Event()
+
+    def end() -> None:
+        cut.set()
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            proc.stdin.write(b"end\n")
+            proc.stdin.flush()
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    if proc is not None:
+        timer.start()
+    try:
+        drop()
+        gc.collect()
+    finally:
+        timer.cancel()
+        guard.close()
+    took = time.monotonic() - t0
+    if cut.is_set():
+        print(f"vLLM: the engine did not stop within {seconds:.0f} s; its processes were ended ({took:.0f} s)",
+              flush=True)  # fmt: skip
+    else:
+        print(f"vLLM: engine stopped in {took:.0f} s", flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == [MARKER]:

@@ -12,7 +12,6 @@ loaded (:mod:`specdraft.eval.vllm_worker`) for the parity check. Every vLLM symb
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -268,9 +267,7 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Drop the engine (its memory is released by the garbage collector), then leave its lifetime guard."""
-        self.llm = None
-        gc.collect()
-        self._guard.close()
+        lifetime.stop_engine(lambda: setattr(self, "llm", None), self._guard)  # said, and bounded
 
     def __enter__(self) -> VLLMEngine:
         return self
