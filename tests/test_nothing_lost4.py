@@ -169,6 +169,21 @@ def test_a_damaged_optimizer_weights_or_config_file_is_named_with_the_fix(data, 
     assert str(e.value).startswith(f"{ck / 'config.json'} cannot be read (not JSON: Expecting value")
 
 
+def test_an_unfinished_dflash_run_is_named_by_export_and_resumed_by_the_hint(stopped, tmp_path):
+    """A DFlash OUT without final/ is what it is: export names its newest checkpoint to pass (not "neither a
+    saved draft nor a train output"), and the stop's hint says --resume."""
+    from specdraft.export import export
+    from specdraft.model.checkpoint import draft_dir
+    from specdraft.train.loop import resume_hint
+
+    newest = stopped / "checkpoints" / "step_2"
+    assert draft_dir(stopped) == newest
+    with pytest.raises(ValueError, match=f"has no final/.*its newest checkpoint is {newest}"):
+        export(str(stopped), str(tmp_path / "exp"))
+    assert not (tmp_path / "exp").exists()
+    assert "--resume" in resume_hint(["train", "hs", str(stopped), "--draft", "dflash"], str(stopped))
+
+
 def test_resume_with_other_settings_is_refused_and_writes_nothing(data, stopped, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(stopped, run)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specdraft.fileio import tmp_path
+from specdraft.model.dflash_files import newest_checkpoint
 from specdraft.model.draft import CONFIG_FILE, FORMAT, WEIGHTS_FILE, DraftConfig, Eagle3Draft
 from specdraft.model.frozen import EmbedSource, load_embeddings
 from specdraft.model.published import adopt, is_published, published_config, published_kind, published_state
@@ -169,13 +170,15 @@ def latest_checkpoint(out: str | Path) -> Path | None:
 
 def draft_dir(path: str | Path) -> Path | None:
     """The saved draft `path` names: itself, its `final/` (training finished), or the newest checkpoint of a
-    `specdraft train` output dir; None when it names none."""
+    `specdraft train` output dir (EAGLE-3's, or a DFlash run's written whole); None when it names none."""
     p = Path(path)
     if (p / CONFIG_FILE).exists():
         return p
     if (p / "final" / CONFIG_FILE).exists():
         return p / "final"
-    return latest_checkpoint(p) if (p / "checkpoints").is_dir() else None
+    if not (p / "checkpoints").is_dir():
+        return None
+    return latest_checkpoint(p) or newest_checkpoint(p)
 
 
 def load_trained(path: str | Path, with_embeddings: bool = True, target=None) -> Eagle3Draft:

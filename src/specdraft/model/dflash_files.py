@@ -27,6 +27,7 @@ served form and is refused.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -216,3 +217,43 @@ def write_served(
         torch.save(mask_file, out / MASK_FILE)
         names.append(MASK_FILE)
     return names
+
+
+#: a checkpoint directory's exact name (a user's step_best, step_3_backup or step_03 is not one)
+STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """OUT/checkpoints/step_N directories (that exact name), oldest first: complete or not (`is_ours`)."""
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The step of a checkpoint a DFlash run wrote whole (its marker: config.json of a DFlash draft recording
+    `train.step` = N of its name step_N, beside the weights and optimizer.pt); None for anything else."""
+    m = STEP_DIR.fullmatch(ckpt.name)
+    try:
+        meta = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    train = meta.get("train") if isinstance(meta, dict) else None
+    ok = m and meta.get("format") == FORMAT and isinstance(train, dict) and train.get("step") == int(m[1])
+    ok = ok and (ckpt / WEIGHTS_FILE).is_file() and (ckpt / OPTIMIZER_FILE).is_file()
+    return int(m[1]) if ok else None
+
+
+def complete_checkpoints(out: Path) -> list[Path]:
+    """The checkpoints a DFlash run wrote whole (`checkpoint_step`), oldest first: what --resume and pruning
+    consider; a user's directory, or a partial one of an older specdraft, is left alone."""
+    return [p for p in checkpoints(out) if checkpoint_step(p) is not None]
+
+
+def newest_checkpoint(out: str | Path) -> Path | None:
+    """The newest checkpoint a DFlash run under `out` wrote whole, or None."""
+    done = complete_checkpoints(Path(out))
+    return done[-1] if done else None

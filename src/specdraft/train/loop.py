@@ -574,11 +574,12 @@ def resume_hint(argv: list[str], out: str) -> str:
     with --resume, or without it when no checkpoint was written yet."""
     import shlex
 
-    from specdraft.train.block.setup import checkpoints as block_checkpoints
+    from specdraft.model.dflash_files import newest_checkpoint
 
     args = [a for a in argv if a not in ("--resume", "--no-resume")]
-    dflash = [c for c in block_checkpoints(Path(out)) if (c / "optimizer.pt").is_file()]  # --draft dflash's
-    if latest_checkpoint(Path(out)) is None and not dflash:
+    if (
+        latest_checkpoint(Path(out)) is None and newest_checkpoint(out) is None
+    ):  # EAGLE-3's, or --draft dflash's
         return f"no checkpoint was written yet: rerun `specdraft {shlex.join(args)}` to start over"
     return f"resume with `specdraft {shlex.join([*args, '--resume'])}`"
 
