@@ -264,6 +264,19 @@ def test_eagle3_pruning_keeps_a_users_copy_of_a_checkpoint(data, tmp_path):
     assert (root / "step_00000001_mybackup" / "README").read_text() == "mine"
 
 
+def test_eagle3_killed_after_its_final_validation_resumes_with_one_record_of_it(data, tmp_path):
+    """EAGLE-3 as DFlash: a run killed between its final validation and final/ (its last checkpoint and that
+    record written) resumes at its last step and writes final/, without a second validation record."""
+    ecfg = TrainConfig(draft_vocab_size=64, ttt_steps=2, epochs=1, max_steps=2, max_tokens=512, checkpoint_every=1,
+                       val_fraction=0.2, val_every=0, progress=False, prefetch=False, tensorboard=False)  # fmt: skip
+    out = tmp_path / "run"
+    train(str(data[1]), str(out), ecfg)
+    assert vals(out) == [0, 2]
+    shutil.rmtree(out / "final")  # what a kill -9 before final/'s rename leaves
+    train(str(data[1]), str(out), replace(ecfg, resume=True))
+    assert vals(out) == [0, 2] and (out / "final" / "config.json").is_file()
+
+
 # --- 5 and 6: the settings file records what ran; --resume compares them; a refusal writes nothing -----------
 
 

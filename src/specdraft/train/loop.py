@@ -469,13 +469,15 @@ def _evaluate(
     return {**_step_means(kl, agree, cnt, cfg.decay), "tokens": int(cnt[0, 0])}
 
 
-def _validate(run: _Run, log: MetricsLog, step: int) -> dict | None:
-    """Evaluate the held-out batches, record and print the result (None without validation data)."""
+def _validate(run: _Run, log: MetricsLog, step: int, again: bool = False) -> dict | None:
+    """Evaluate the held-out batches, record (unless `again`: its record is already there) and print the
+    result (None without validation data)."""
     if not run.val_batches:
         return None
     r = _evaluate(run.model, run.st.teacher, run.val_batches, run.st.source, run.cfg, run.device, run.amp,
                   run.rank, run.world)  # fmt: skip
-    log({"split": "val", "step": step, **r})
+    if not again:
+        log({"split": "val", "step": step, **r})
     if run.rank == 0:
         accs = " ".join(f"{a:.3f}" for a in r["acc"])
         print(f"train: step {step} val loss {r['loss']:.4f} acc/step [{accs}]", flush=True)
@@ -715,5 +717,6 @@ def _train(run: _Run, ckpt: Path | None, state: dict | None = None) -> Path:
     with torch.no_grad():
         for p, e in zip(run.params, run.ema):  # --ema: final/ and its validation hold the moving average
             p.copy_(e)
-    val = _validate(run, log, cur.step)
+    # a run killed after this validation, before final/, resumes at its last step: its record is not written twice
+    val = _validate(run, log, cur.step, again=start == run.total and log.has("val", cur.step))
     return _finish(run, log, cur.step, val)

@@ -274,23 +274,6 @@ def _write_settings(run: _BlockRun, shards: str) -> None:
         write_settings(run.out / SETTINGS_FILE, "train", run_settings(shards, run.out, run.cfg))
 
 
-def _logged_val(out: Path, step: int) -> bool:
-    """Whether metrics.jsonl already holds the validation record of `step` (a run killed after its last
-    checkpoint and its final validation, before final/, resumes at that step: not recorded twice)."""
-    try:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return False
-    for ln in lines:
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("split") == "val" and rec.get("step") == step:
-            return True
-    return False
-
-
 def _print_header(run: _BlockRun) -> None:
     dc = run.draft.cfg
     n = sum(p.numel() for p in run.params) / 1e6
@@ -370,7 +353,7 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
                 return path
 
     # --- end: final validation, final/ (rank 0) ---
-    val = _validate(run, log, run.total, again=run.start == run.total and _logged_val(run.out, run.total))
+    val = _validate(run, log, run.total, again=run.start == run.total and log.has("val", run.total))
     draft, _ = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     final = run.out / "final"
     if run.rank == 0:

@@ -218,6 +218,22 @@ class MetricsLog:
             names.append("tensorboard")
         self.trackers = open_trackers(names, out_dir, config or {}, project, run_name)
 
+    def has(self, split: str, step: int) -> bool:
+        """Whether the log already holds the `split` record of `step` (a run killed after its final validation,
+        before final/, resumes at its last step: that record is not written twice). False off rank 0."""
+        try:
+            lines = self.path.read_text().splitlines() if self.rank == 0 else []
+        except OSError:
+            return False
+        for ln in lines:
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("split") == split and rec.get("step") == step:
+                return True
+        return False
+
     def __call__(self, rec: dict) -> None:
         if self.rank != 0:
             return
