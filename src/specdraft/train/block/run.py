@@ -43,7 +43,6 @@ and optimizer, as one process writes them, and resumes with or without --fsdp), 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
