@@ -351,6 +351,13 @@ def test_item7_one_template_one_identity_as_a_file_or_inline(tmp_path):
     assert ids[0] == ids[1] and ids[0]["chat_template_sha256"]
 
 
+def test_an_empty_chat_template_file_is_refused_with_the_fix(tmp_path):
+    empty = tmp_path / "template.jinja"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="template.jinja: the file is empty: pass a file holding a Jinja"):
+        choose_template(build_tokenizer(CHATML), str(empty))
+
+
 def test_the_self_check_drops_a_sample_that_does_not_decode_to_the_rendering():
     from tokenizers import normalizers
 

@@ -524,7 +524,11 @@ def choose_template(tokenizer, chat_template: str = "", chat_template_kwargs: st
             raise FileNotFoundError(
                 f"--chat-template {chat_template}: no such file (pass a file or the Jinja text)"
             )
-        tokenizer.chat_template = p.read_text() if looks_like_path else chat_template
+        text = p.read_text() if looks_like_path else chat_template
+        if not text.strip():
+            raise ValueError(f"--chat-template {chat_template}: the file is empty: pass a file holding a Jinja chat "
+                             "template, or leave --chat-template out to use the tokenizer's own")  # fmt: skip
+        tokenizer.chat_template = text
     is_file = chat_template and "{" not in chat_template and "\n" not in chat_template
     _compiles(tokenizer, f"--chat-template {chat_template}" if is_file else "--chat-template" if chat_template
               else "the tokenizer's chat template")  # fmt: skip
