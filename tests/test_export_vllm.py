@@ -142,22 +142,27 @@ def test_eagle31_two_layer_export_served_lossless_with_logit_parity(trained, var
     d = report["drafts"][str(variant.export)]
     assert d["lossless"]["ok"], d["lossless"]["divergences"]
     assert d["rounds"] > 0 and d["draft_tokens"] == K * d["rounds"]
-    target_dir = str(resolve_target_dir("smollm2-135m"))
-    prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
-    with VLLMEngine(
-        target_dir, str(variant.export), k=K, max_model_len=len(prompt) + 64, capture_drafter=True
-    ) as eng:
-        eng.start_drafter_capture()
-        eng.generate([prompt], 8)
-        capture = eng.pop_drafter_capture()
-        eng.stop_drafter_capture()
-    res = drafter_parity(load_draft(variant.final), capture)
+    res = drafter_parity(load_draft(variant.final), _drafter_capture(variant.export))
     record_property("parity", json.dumps(res))
     assert res["first_passes"] >= 2 and res["chain_steps"] >= 2 * (K - 1)
     diff, scale = res["max_abs_diff"], res["scale"]
     assert diff["logits"] <= 1e-3, res
     assert diff["fc"] <= 1e-5 * scale["fc"] and diff["hidden"] <= 1e-5 * scale["hidden"], res
     assert res["top1_agreement"] == 1.0
+
+
+def _drafter_capture(export_dir: Path) -> list:
+    """What vLLM's drafter computed for `export_dir` behind the target: 8 tokens of one MT-bench prompt."""
+    target_dir = str(resolve_target_dir("smollm2-135m"))
+    prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
+    with VLLMEngine(
+        target_dir, str(export_dir), k=K, max_model_len=len(prompt) + 64, capture_drafter=True
+    ) as eng:
+        eng.start_drafter_capture()
+        eng.generate([prompt], 8)
+        capture = eng.pop_drafter_capture()
+        eng.stop_drafter_capture()
+    return capture
 
 
 def _mutated(src: Path, dst: Path, mutation: str) -> Path:
@@ -187,21 +192,12 @@ def _mutated(src: Path, dst: Path, mutation: str) -> Path:
     ],
 )
 def test_our_draft_logits_equal_the_draft_vllm_loaded(trained, fmt, mutation, tmp_path, record_property):
-    target_dir = str(resolve_target_dir("smollm2-135m"))
-    prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
     export_dir = (
         trained.exports[fmt]
         if mutation == "none"
         else _mutated(trained.exports[fmt], tmp_path / "x", mutation)
     )
-    with VLLMEngine(
-        target_dir, str(export_dir), k=K, max_model_len=len(prompt) + 64, capture_drafter=True
-    ) as eng:
-        eng.start_drafter_capture()
-        eng.generate([prompt], 8)
-        capture = eng.pop_drafter_capture()
-        eng.stop_drafter_capture()
-    res = drafter_parity(load_draft(trained.final), capture)
+    res = drafter_parity(load_draft(trained.final), _drafter_capture(export_dir))
     print(fmt, mutation, json.dumps(res))
     record_property("parity", json.dumps(res))
     assert res["first_passes"] >= 2 and res["chain_steps"] >= 2 * (
