@@ -204,6 +204,23 @@ def test_a_mixture_refuses_a_source_given_twice(tmp_path, tiny_llama_dir):
     assert not (tmp_path / "ds").exists()
 
 
+def test_a_hard_link_or_an_identical_copy_is_the_same_source(tmp_path, tiny_llama_dir):
+    import os
+    import shutil
+
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(4))
+    os.link(src, tmp_path / "link.jsonl")
+    shutil.copyfile(src, tmp_path / "copy.jsonl")
+    other = write_jsonl(tmp_path / "d.jsonl", conversations(4)[::-1])  # the same size, other content
+    for again in ("link.jsonl", "copy.jsonl"):
+        with pytest.raises(ValueError, match=f"{again} is given twice \\(also as {src}\\)"):
+            prepare([str(src), str(tmp_path / again)], str(tmp_path / "ds"), target=str(tiny_llama_dir),
+                    max_length=64)  # fmt: skip
+    assert not (tmp_path / "ds").exists()
+    assert os.path.getsize(other) == os.path.getsize(src)
+    prepare([str(src), str(other)], str(tmp_path / "ds"), target=str(tiny_llama_dir), max_length=64)
+
+
 # --- 4 and 8: export of an unfinished run; export under a file ----------------------------------------------
 
 

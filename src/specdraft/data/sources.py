@@ -426,16 +426,33 @@ def parse_sources(data: list[str]) -> list[Source]:
 
 
 def _refuse_repeats(paths: list[str]) -> None:
-    """Refuse a source given twice (the same file or directory however spelled, or the same name): its
-    conversations would be taken twice, possibly on both sides of the train/validation split."""
-    seen: dict[str, str] = {}
+    """Refuse a source given twice (the same file or directory however spelled, a hard link to it, an identical
+    copy of a file, or the same name): its conversations would be taken twice, possibly on both sides of the
+    train/validation split."""
+    from specdraft.fileio import file_hash
+
+    def key(p: str) -> tuple:
+        path = Path(p)
+        if path.is_file():
+            st = path.stat()
+            return ("file", st.st_dev, st.st_ino)  # a hard link is the same file
+        return ("dir", str(path.resolve())) if path.exists() else ("name", p)
+
+    seen: dict[tuple, str] = {}
+    files: list[str] = []  # an identical copy is the same source: compared by content where the sizes agree
     for p in paths:
-        key = str(Path(p).resolve()) if Path(p).exists() else p
-        if key in seen:
-            raise ValueError(f"data source {p} is given twice (also as {seen[key]}): a mixture takes each source "
+        k = key(p)
+        other = seen.get(k)
+        if other is None and k[0] == "file":
+            size = Path(p).stat().st_size
+            same = [f for f in files if Path(f).stat().st_size == size]
+            other = next((f for f in same if file_hash(Path(f)) == file_hash(Path(p))), None)
+            files.append(p)
+        if other is not None:
+            raise ValueError(f"data source {p} is given twice (also as {other}): a mixture takes each source "
                              "once, else its conversations are repeated; give it once, with a larger weight "
                              "(PATH:WEIGHT) for a larger share")  # fmt: skip
-        seen[key] = p
+        seen[k] = p
 
 
 def mix_counts(available: list[int], weights: list[float], max_samples: int | None = None) -> list[int]:
