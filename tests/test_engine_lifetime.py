@@ -201,7 +201,7 @@ def test_each_engine_is_built_inside_the_guard_and_a_failed_start_leaves_it(modu
 _REGENERATE = """
 import sys
 from specdraft.data.regenerate import regenerate
-regenerate("sharegpt", sys.argv[1], engine="vllm", max_samples=64, max_new_tokens=256, chunk_size=1)
+regenerate("sharegpt", sys.argv[1], engine="vllm", max_samples=64, max_new_tokens=32, turns="first", chunk_size=1)
 """
 
 
