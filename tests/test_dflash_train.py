@@ -401,12 +401,17 @@ def test_fsdp_two_processes_match_one_and_resume_either_way(shards, tmp_path):
 
 def test_the_resume_hint_of_a_stopped_dflash_run_says_resume(tmp_path):
     """After Ctrl-C, a DFlash run with a checkpoint is told to --resume (not to start over, which is refused)."""
+    from specdraft.model.dflash import FORMAT
     from specdraft.train.loop import resume_hint
 
     argv = ["train", "hs", str(tmp_path), "--draft", "dflash"]
     assert "no checkpoint was written yet" in resume_hint(argv, str(tmp_path))
-    (tmp_path / "checkpoints" / "step_4").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_4" / "optimizer.pt").write_bytes(b"")
+    ckpt = tmp_path / "checkpoints" / "step_4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "optimizer.pt").write_bytes(b"")  # a partial checkpoint (no marker): --resume would not take it
+    assert "no checkpoint was written yet" in resume_hint(argv, str(tmp_path))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    (ckpt / "config.json").write_text(json.dumps({"format": FORMAT, "train": {"step": 4}}))  # written whole
     assert resume_hint(argv, str(tmp_path)).endswith("--draft dflash --resume`")
 
 
