@@ -108,8 +108,8 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for arm in a.arms.split(","):
-        for seed in a.seeds.split(","):
-            label, cfg = settings(f"{arm}_s{seed}")
+        for seed in a.seeds.split(",") if "_s" not in arm else [""]:  # an arm named with its seed keeps it
+            label, cfg = settings(f"{arm}_s{seed}" if seed else arm)
             print(f"=== {label}: {', '.join(f'{k}={v}' for k, v in sorted(vars(cfg).items()) if getattr(BASE, k) != v)}",
                   flush=True)  # fmt: skip
             rows.append(trained(root, label, cfg, a.shards, a.base_run))

@@ -59,6 +59,35 @@ def test_resume_is_exact(shards, tmp_path):
         assert torch.equal(x, y), k
 
 
+def test_a_soft_loss_trains_against_the_target_records_and_resumes_exactly(shards, tmp_path):
+    """--loss 0.5*ce+0.5*kl: the target's head is the teacher, the weights differ from ce's, the settings record
+    it, a stopped run resumes exactly and refuses the default (ce) with the fix. A checkpoint written before
+    DFlash read --loss (it recorded EAGLE-3's unused kl) resumes as the ce it trained with."""
+    c = cfg(loss="0.5*ce+0.5*kl")
+    a = load_dflash(train_dflash(str(shards), tmp_path / "a", c))
+    ce = load_dflash(train_dflash(str(shards), tmp_path / "ce", cfg()))
+    assert not torch.equal(a.fc.weight, ce.fc.weight)
+    recorded = json.loads((tmp_path / "a" / "train_settings.json").read_text())["settings"]
+    assert recorded["loss"] == "0.5*ce+0.5*kl"
+    assert json.loads((tmp_path / "ce" / "train_settings.json").read_text())["settings"]["loss"] == "ce"
+    train_dflash(str(shards), tmp_path / "b", c, _stop_at=2)
+    with pytest.raises(ValueError, match=r"loss '0.5\*ce\+0.5\*kl' there, 'ce' now.*--loss 0.5\*ce\+0.5\*kl"):
+        train_dflash(str(shards), tmp_path / "b", cfg(resume=True))
+    b = load_dflash(train_dflash(str(shards), tmp_path / "b", cfg(loss="0.5*ce+0.5*kl", resume=True)))
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), k
+    # an older checkpoint: settings with loss "kl" (EAGLE-3's default then), no trained_loss
+    train_dflash(str(shards), tmp_path / "old", cfg(), _stop_at=2)
+    f = tmp_path / "old" / "checkpoints" / "step_2" / "config.json"
+    meta = json.loads(f.read_text())
+    del meta["train"]["trained_loss"]
+    meta["train"]["settings"]["loss"] = "kl"
+    f.write_text(json.dumps(meta))
+    old = load_dflash(train_dflash(str(shards), tmp_path / "old", cfg(resume=True)))
+    for (k, x), (_, y) in zip(ce.state_dict().items(), old.state_dict().items()):
+        assert torch.equal(x, y), k
+
+
 def test_steps_per_batch_splits_each_batch_s_anchors_and_resumes_exactly(shards, tmp_path, monkeypatch):
     """--steps-per-batch 2: optimizer steps counted as EAGLE-3 counts them (2 a batch), each on one of the two
     contiguous groups of every sequence's anchors; a run stopped mid-batch resumes exactly."""
@@ -105,10 +134,16 @@ def test_settings_a_draft_kind_does_not_use_are_refused():
     eagle = TrainConfig(block_size=4, position_weights="dpace").problems()
     assert any("--draft eagle3 does not use --block-size 4" in p and "--draft dflash" in p for p in eagle)
     assert any("--position-weights dpace" in p for p in eagle)
-    dflash = cfg(loss="lk", fc_norm=True, ttt_steps=3).problems()
-    for flag in ("--loss lk", "--fc-norm", "--ttt-steps 3"):
+    dflash = cfg(hard_weight=0.5, fc_norm=True, ttt_steps=3).problems()
+    for flag in ("--hard-weight 0.5", "--fc-norm", "--ttt-steps 3"):
         assert any(f"--draft dflash does not use {flag}:" in p for p in dflash), (flag, dflash)
     assert cfg(draft_layers=2, optimizer="muon", position_weights="dpace").problems() == []
+    # --loss is both kinds': ce (cross-entropy on the next token) is DFlash's own, refused for EAGLE-3 with the fix
+    assert cfg(loss="lk").problems() == cfg(loss="0.5*ce+0.5*kl").problems() == []
+    assert any(
+        "ce is DFlash's loss" in p and "--hard-weight 1" in p for p in TrainConfig(loss="ce").problems()
+    )
+    assert any("unknown loss 'xe'" in p for p in cfg(loss="xe").problems())
     assert (
         TrainConfig(draft_layers=2, loss="0.5*kl+0.5*tv", noise="uniform", noise_scale=0.1).problems() == []
     )

@@ -118,3 +118,86 @@ def test_dpace_weights_are_the_chance_of_reaching_each_slot():
     w = dpace_weights(logits, labels, 4).view(2, 4)
     want = torch.tensor([[0, 1, q[1, 1], q[1, 1] * q[2, 3]], [0, 1, 0, 0]])
     torch.testing.assert_close(w, want)
+
+
+class _Target:
+    """What `TeacherHead` reads of a target: its final norm and lm_head (no softcap)."""
+
+    def __init__(self, H: int, V: int):
+        from specdraft.model.draft import RMSNorm
+
+        self.norm = RMSNorm(H, 1e-6).double()
+        self.norm.weight.data = 1 + 0.1 * torch.randn(H, dtype=torch.float64)
+        self.lm_head = torch.nn.Linear(H, V, bias=False).double()
+        self.logit_softcap = None
+
+
+@pytest.mark.parametrize("spec", ["ce", "kl", "tv", "lk", "0.5*ce+0.5*kl"])
+def test_dflash_block_loss_value_and_gradient_against_its_formula(spec):
+    """DFlash's --loss, through `block_loss`: at slot i of the block at anchor a (position a + i, labelled
+    x_{a+i}), ce is -log q(x_{a+i}) and a soft loss compares q with the target's own distribution of that token,
+    its norm + head on its final hidden state at a + i - 1, over the draft vocabulary (renormalised); each
+    slot weighted exp(-(i-1)/gamma), unlabelled slots (past the end, loss-masked, outside the draft
+    vocabulary) not at all. Value and gradient against the formula written out per slot in fp64."""
+    from specdraft.model.dflash import DFlashConfig, DFlashDraft
+    from specdraft.train.block.objective import (
+        Objective,
+        _chunk_logits,
+        block_inputs,
+        block_loss,
+        target_to_draft,
+    )
+    from specdraft.train.ttt import TeacherHead
+
+    torch.manual_seed(4)
+    H, V, Vd, Q, T = 32, 40, 24, 4, 14
+    cfg = DFlashConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=V, draft_vocab_size=Vd, num_hidden_layers=1, block_size=Q,
+                       aux_layer_ids=[1, 2], mask_token_id=V - 1)  # fmt: skip
+    draft = DFlashDraft(cfg).double()
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.randperm(V)[:Vd]] = True  # a draft vocabulary that is not the first Vd ids
+    draft.set_vocab(torch.nonzero(t2d).flatten() - torch.arange(Vd), t2d)
+    tgt = _Target(H, V)
+    terms = parse_loss(spec, ("ce", *LOSSES))
+    obj = Objective("exp", terms, None if set(terms) == {"ce"} else TeacherHead(tgt, draft.t2d))
+    aux = torch.randn(T, 2 * H, dtype=torch.float64)
+    final = torch.randn(T, H, dtype=torch.float64)
+    ids = torch.randint(0, V, (T,))
+    lm = torch.ones(T, dtype=torch.bool)
+    lm[6] = False  # a loss-masked token inside a block
+    anchors = torch.tensor([1, 4, 11])  # the last block runs past the end
+    loss, st = block_loss(draft, aux, ids, lm, anchors, chunk=2, grad=True, obj=obj, final=final)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    got = torch.autograd.grad(loss, params)
+
+    # the formula, slot by slot
+    ctx = draft.context(aux[None])
+    bids, bmask, bpos, labels = block_inputs(ids, lm, anchors, Q, target_to_draft(draft.t2d))
+    logits = _chunk_logits(draft, ctx, torch.arange(T)[None], bids, bmask, bpos, anchors, Q)  # (N * Q, Vd)
+    want = torch.zeros((), dtype=torch.float64)
+    for r, (pos, label) in enumerate(zip(bpos.tolist(), labels.tolist())):
+        i = r % Q
+        if i == 0 or pos >= T or not lm[pos] or not t2d[ids[pos]]:
+            assert label == IGNORE_LABEL
+            continue
+        logq = torch.log_softmax(logits[r], -1)
+        full = tgt.lm_head(tgt.norm(final[pos - 1]))  # (V,): the target's prediction of the token at pos
+        p = torch.softmax(full[t2d], -1)  # (Vd,)
+        slot = terms.get("ce", 0.0) * -logq[label]
+        for name, w in terms.items():
+            if name != "ce":
+                slot = slot + w * direct(name, logits[r][None], p[None])[0]
+        want = want + torch.exp(torch.tensor(-(i - 1) / cfg.loss_decay_gamma, dtype=torch.float64)) * slot
+    wgrad = torch.autograd.grad(want, params)
+    # the slot losses and the teacher's head run in fp32 (as in training): agreement to fp32's precision
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got, wgrad):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert (
+        abs(st.loss - float(want.detach())) < 1e-5 * max(1.0, abs(float(want.detach())))
+        and float(loss.detach()) > 0
+    )
+
+
+IGNORE_LABEL = -100

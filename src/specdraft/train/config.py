@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 
 from specdraft.model.checkpoint import draft_dir, load_draft_config
-from specdraft.train.losses import parse_loss
+from specdraft.train.losses import BLOCK_LOSSES, OWN_LOSS, parse_loss
 from specdraft.train.report.metrics import tracker_problems
 
 
@@ -41,8 +41,8 @@ class TrainConfig:
     oov_mask: bool = True  # drop positions whose target argmax is outside the draft vocabulary (EAGLE-3)
     hard_weight: float = 0.0
     """loss: (1 - w) x the soft loss of --loss + w x cross-entropy on the target's argmax"""
-    loss: str = "kl"
-    """the soft loss against the target's distribution: kl, rkl (reverse KL), jsd, tv (1 - acceptance), nla (-log acceptance), lk (KL/TV blend by acceptance), or a weighted sum such as 0.5*kl+0.5*tv"""
+    loss: str = ""
+    """the loss against the target's distribution: kl, rkl (reverse KL), jsd, tv (1 - acceptance), nla (-log acceptance), lk (KL/TV blend by acceptance), for DFlash also ce (cross-entropy on the next token), or a weighted sum such as 0.5*kl+0.5*tv; empty: the draft's own (EAGLE-3: kl, the soft part of --hard-weight; DFlash: ce)"""
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each aux layer's hidden state before fc
     norm_output: bool = False
     """EAGLE-3.1: feed the post-norm hidden state back across TTT steps, as served"""
@@ -130,10 +130,7 @@ class TrainConfig:
         if self.draft not in ("eagle3", "dflash"):
             errs.append(f"--draft must be eagle3 or dflash, not {self.draft!r}")
         errs += unused_problems(self)
-        try:
-            parse_loss(self.loss)
-        except ValueError as e:
-            errs.append(str(e))
+        errs += loss_problems(self)
         if self.noise not in ("none", "uniform", "gaussian") or self.noise_scale < 0:
             errs.append(f"--noise must be none, uniform or gaussian and --noise-scale not negative, not "
                         f"{self.noise!r} and {self.noise_scale}")  # fmt: skip
@@ -187,7 +184,7 @@ class TrainConfig:
 
 
 # the settings one draft kind does not use: away from their default they are refused, never recorded and ignored
-EAGLE3_ONLY = ("loss", "fc_norm", "norm_output", "noise", "noise_scale", "ttt_steps", "decay", "oov_mask",
+EAGLE3_ONLY = ("fc_norm", "norm_output", "noise", "noise_scale", "ttt_steps", "decay", "oov_mask",
                "hard_weight", "fc_init", "norm_before_residual")  # fmt: skip
 DFLASH_ONLY = ("block_size", "anchors", "mask_token_id", "train_mask_embedding", "position_weights")
 
@@ -201,6 +198,23 @@ def unused_problems(cfg: TrainConfig) -> list[str]:
     off = [k for k in names if getattr(cfg, k) != getattr(_DEFAULTS, k)]
     return [f"--draft {cfg.draft} does not use {flags({k: getattr(cfg, k)})}: it is a setting of {other}; drop it"
             for k in off]  # fmt: skip
+
+
+def loss_problems(cfg: TrainConfig) -> list[str]:
+    """--loss: a spec the draft kind cannot train with, with the fix."""
+    try:
+        terms = parse_loss(cfg.loss or OWN_LOSS.get(cfg.draft, "kl"), BLOCK_LOSSES)
+    except ValueError as e:
+        return [str(e)]
+    if "ce" in terms and cfg.draft != "dflash":
+        return [f"--loss {cfg.loss}: ce is DFlash's loss; EAGLE-3 trains on the target's argmax with "
+                "--hard-weight 1 (its --loss names the soft part)"]  # fmt: skip
+    return []
+
+
+def with_own_loss(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with --loss resolved (empty: the draft kind's own, `OWN_LOSS`): what a run records and trains with."""
+    return cfg if cfg.loss else replace(cfg, loss=OWN_LOSS.get(cfg.draft, "kl"))
 
 
 def flags(settings: dict) -> str:

@@ -47,7 +47,7 @@ from specdraft.train.checkpoint import (
     _save_checkpoint,
     disk_errors_named,
 )
-from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings
+from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings, with_own_loss
 from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
 from specdraft.train.losses import parse_loss
 from specdraft.train.optim import make_optimizer
@@ -588,6 +588,7 @@ def resume_hint(argv: list[str], out: str) -> str:
 
 def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
     """The training loop of `train`, phase by phase."""
+    cfg = with_own_loss(cfg)  # --loss "": EAGLE-3's own, kl (recorded as such)
     # --- check: every user error at once, before a process group, a target or a file exists -----------------
     ckpt = _check(shards, out_dir, cfg)
 

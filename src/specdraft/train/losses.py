@@ -13,7 +13,8 @@ was), one value per scored position, fp32:
                                                                   arXiv 2602.23881: KL while alpha is small, TV
                                                                   as the draft starts to be accepted)
 
-`--loss` takes one name or a weighted sum, `0.5*kl+0.5*tv`; `parse_loss` reads it into {name: weight}.
+`--loss` takes one name or a weighted sum, `0.5*kl+0.5*tv`; `parse_loss` reads it into {name: weight}. A
+DFlash draft also takes `ce`, its own: cross-entropy on the data's next token at each block slot.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import torch
 import torch.nn.functional as F
 
 LOSSES = ("kl", "rkl", "jsd", "tv", "nla", "lk")
+BLOCK_LOSSES = ("ce", *LOSSES)  # a DFlash draft's: its own hard cross-entropy, and every soft one
+OWN_LOSS = {"eagle3": "kl", "dflash": "ce"}  # what `--loss ""` (the default) trains each draft kind with
 LK_ETA = 3.0  # lambda = exp(-LK_ETA * alpha)
 
 
-def parse_loss(spec: str) -> dict[str, float]:
-    """'kl', 'lk', '0.5*kl+0.5*tv', '2*jsd' -> {name: weight}; raises ValueError naming what is wrong."""
+def parse_loss(spec: str, names: tuple[str, ...] = LOSSES) -> dict[str, float]:
+    """'kl', 'lk', '0.5*kl+0.5*tv', '2*jsd' -> {name: weight}, each name one of `names`; raises ValueError
+    naming what is wrong."""
     terms: dict[str, float] = {}
     for part in spec.replace(" ", "").split("+"):
         w, star, name = part.rpartition("*")
@@ -34,8 +38,8 @@ def parse_loss(spec: str) -> dict[str, float]:
             weight = float(w) if star else 1.0
         except ValueError:
             raise ValueError(f"--loss {spec!r}: {w!r} is not a number (write e.g. 0.5*kl+0.5*tv)") from None
-        if name not in LOSSES:
-            raise ValueError(f"--loss {spec!r}: unknown loss {name!r}; one of {', '.join(LOSSES)}, or a weighted "
+        if name not in names:
+            raise ValueError(f"--loss {spec!r}: unknown loss {name!r}; one of {', '.join(names)}, or a weighted "
                              "sum such as 0.5*kl+0.5*tv")  # fmt: skip
         if weight <= 0:
             raise ValueError(f"--loss {spec!r}: the weight of {name} must be positive, not {weight}")

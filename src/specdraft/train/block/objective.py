@@ -14,6 +14,10 @@ Per sequence of T tokens x_0 .. x_{T-1} with target features f_t and a loss mask
     with `weights="dpace"` (`--position-weights dpace`, position-aware cross-entropy) slot i is weighted
     instead by the chance that verification reaches it, as the draft stands: the product of the draft's own
     probabilities of the labels at slots 1 .. i-1 of that block (detached; 0 after an unlabelled slot);
+  - the loss at a slot (`Objective.terms`, `--loss`): ce (the default, the cross-entropy above), or a soft
+    loss against the target's own next-token distribution there (`train.losses`: kl, tv, lk, ...): slot i
+    (position a + i) is what the target predicts from its final hidden state at a + i - 1, over the draft
+    vocabulary (the teacher head EAGLE-3 trains with); weighted sums mix them (0.5*ce+0.5*kl);
   - metrics: accuracy per block slot, and the accepted length of each block (its leading correct slots,
     what greedy verification would keep), whose mean + 1 is the block's tau.
 
@@ -31,8 +35,41 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.model.dflash import DFlashDraft
+from specdraft.train.losses import divergence
 
 IGNORE = -100
+
+
+@dataclass
+class Objective:
+    """What a block slot's loss is: the slot weights (exp or dpace), the `--loss` terms {name: weight} (ce, or
+    soft ones against the target's distribution), and the target's frozen head for the soft ones
+    (`train.ttt.TeacherHead`: final hidden state -> draft-vocabulary logits; None when only ce)."""
+
+    weights: str = "exp"
+    terms: dict = field(default_factory=lambda: {"ce": 1.0})
+    teacher: torch.nn.Module | None = None
+
+    def __post_init__(self):
+        assert self.teacher is not None or set(self.terms) <= {"ce"}, "a soft --loss needs the teacher head"
+
+
+def slot_losses(obj: Objective, logits: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor,
+                final: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """(n * Q,) the loss of each block slot (logits (n * Q, Vd), labels (n * Q,), positions (n * Q,); final
+    (T, H) the target's final hidden states, for soft terms): sum of the terms' weighted losses."""
+    ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")  # (n * Q,)
+    out = obj.terms.get("ce", 0.0) * ce
+    soft = {k: w for k, w in obj.terms.items() if k != "ce"}
+    if soft:
+        assert final is not None, "a soft --loss needs the final hidden states (the shards hold them)"
+        # the target's distribution of the token at position a + i: its prediction from position a + i - 1
+        z = final[(pos - 1).clamp(0, final.shape[0] - 1)]  # (n * Q, H); a >= 1, so a + i - 1 >= 0
+        t_logits, _ = obj.teacher(z)  # (n * Q, Vd) fp32, the draft vocabulary
+        p = F.softmax(t_logits, -1)
+        negent = torch.special.xlogy(p, p).sum(-1)  # (n * Q,)
+        out = out + divergence(soft, logits.float(), p, negent)[0]
+    return out
 
 
 def valid_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -171,11 +208,14 @@ def block_loss(
     anchors: torch.Tensor,
     chunk: int = 16,
     grad: bool = True,
-    weights: str = "exp",
+    obj: Objective | None = None,
+    final: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, BlockStats]:
-    """Sum of decayed cross-entropies over the blocks of one sequence (aux (T, A), ids (T,), loss_mask (T,))
-    and its stats. Divide by `BlockStats.weight` summed over the batch for the mean loss. With `grad`, each
-    chunk of anchors runs under activation checkpointing."""
+    """Sum of the weighted slot losses (`obj`, default: decayed cross-entropy) over the blocks of one sequence
+    (aux (T, A), ids (T,), loss_mask (T,); final (T, H) for a soft loss) and its stats. Divide by
+    `BlockStats.weight` summed over the batch for the mean loss. With `grad`, each chunk of anchors runs
+    under activation checkpointing."""
+    obj = obj or Objective()
     cfg = draft.cfg
     Q = cfg.block_size
     stats = BlockStats(Q)
@@ -195,10 +235,10 @@ def block_loss(
             )
         else:
             logits = _chunk_logits(draft, ctx, ctx_pos, bids, bmask, bpos, a, Q)
-        ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")  # (n * Q,)
+        ce = slot_losses(obj, logits, labels, bpos, final)  # (n * Q,)
         has = labels != IGNORE
         w = (
-            dpace_weights(logits, labels, Q) if weights == "dpace" else w_slot.repeat(a.numel()) * has
+            dpace_weights(logits, labels, Q) if obj.weights == "dpace" else w_slot.repeat(a.numel()) * has
         )  # (n * Q,)
         total = total + (ce * w).sum()
         with torch.no_grad():
@@ -214,15 +254,16 @@ def block_loss(
 
 
 def batch_loss(
-    draft, batch, anchors: list[torch.Tensor], chunk: int, weights: str = "exp"
+    draft, batch, anchors: list[torch.Tensor], chunk: int, obj: Objective | None = None
 ) -> tuple[torch.Tensor | None, BlockStats]:
-    """The summed block losses of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...] at their `anchors`
-    (None without a sequence), and their stats; divide by the (global) `BlockStats.weight` for the mean."""
+    """The summed block losses of sequences [(aux (T, A), ids (T,), loss_mask (T,)[, final (T, H)]), ...] at
+    their `anchors` (None without a sequence), and their stats; divide by the (global) `BlockStats.weight`
+    for the mean."""
     draft.train()
     stats = BlockStats(draft.cfg.block_size)
     losses = []
-    for (aux, ids, lm), a in zip(batch, anchors):
-        loss, st = block_loss(draft, aux, ids, lm, a, chunk, grad=True, weights=weights)
+    for (aux, ids, lm, *final), a in zip(batch, anchors):
+        loss, st = block_loss(draft, aux, ids, lm, a, chunk, True, obj, *final)
         losses.append(loss)
         stats.add(st)
     return (sum(losses) if losses else None), stats
@@ -230,7 +271,7 @@ def batch_loss(
 
 def train_step(draft, optimizer, batch, anchors_per_seq: int, chunk: int, generator=None) -> BlockStats:
     """One optimiser step over a batch of sequences [(aux (T, A), ids (T,), loss_mask (T,)), ...]."""
-    anchors = [sample_anchors(lm, anchors_per_seq, generator) for _, _, lm in batch]
+    anchors = [sample_anchors(b[2], anchors_per_seq, generator) for b in batch]
     loss, stats = batch_loss(draft, batch, anchors, chunk)
     optimizer.zero_grad(set_to_none=True)
     if stats.weight > 0:
@@ -241,11 +282,14 @@ def train_step(draft, optimizer, batch, anchors_per_seq: int, chunk: int, genera
 
 
 @torch.no_grad()
-def evaluate(draft, batch, anchors_per_seq: int = 1 << 30, chunk: int = 16) -> BlockStats:
-    """Validation over every valid anchor (up to anchors_per_seq per sequence): stats without gradients."""
+def evaluate(
+    draft, batch, anchors_per_seq: int = 1 << 30, chunk: int = 16, obj: Objective | None = None
+) -> BlockStats:
+    """Validation over every valid anchor (up to anchors_per_seq per sequence): stats without gradients (the
+    loss `obj`'s, accuracy and accepted length the draft's own)."""
     draft.eval()
     stats = BlockStats(draft.cfg.block_size)
-    for aux, ids, lm in batch:
+    for aux, ids, lm, *final in batch:
         anchors = valid_anchors(lm)[:anchors_per_seq]
-        stats.add(block_loss(draft, aux, ids, lm, anchors, chunk, grad=False)[1])
+        stats.add(block_loss(draft, aux, ids, lm, anchors, chunk, False, obj, *final)[1])
     return stats

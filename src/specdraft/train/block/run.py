@@ -52,7 +52,7 @@ from specdraft.model.dflash import DFlashDraft
 from specdraft.model.dflash_files import write_dflash
 from specdraft.train.batches import part_share
 from specdraft.train.block import setup as block_setup
-from specdraft.train.block.objective import BlockStats, sample_anchors
+from specdraft.train.block.objective import BlockStats, Objective, sample_anchors
 from specdraft.train.block.online import open_online
 from specdraft.train.block.setup import (
     BlockData,
@@ -71,7 +71,7 @@ from specdraft.train.block.setup import (
     write_checkpoint,
 )
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
-from specdraft.train.config import DFLASH_SMALL_RUN, with_recipe
+from specdraft.train.config import DFLASH_SMALL_RUN, with_own_loss, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier
 from specdraft.train.optim import make_optimizer
 from specdraft.train.report.metrics import MetricsLog
@@ -161,7 +161,7 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
                          "pass --target with the extraction's model")  # fmt: skip
     draft, start, init_from = start_draft(cfg, data, tgt, resumed)
     sharded = cfg.fsdp and world > 1
-    model = wrap(draft.to(device), sharded, cfg.position_weights)
+    model = wrap(draft.to(device), sharded, objective(cfg, tgt, draft))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     opt = make_optimizer(named, cfg.optimizer, cfg.lr, cfg.weight_decay)
@@ -176,6 +176,17 @@ def _build(shards: str, out: Path, cfg) -> _BlockRun:
     total = cfg.max_steps or len(plan) * cfg.steps_per_batch
     return _BlockRun(cfg, out, rank, world, device, data, draft, model, sharded, params, opt,
                      _lr_lambda(cfg, total), plan, total, start, resumed, init_from)  # fmt: skip
+
+
+def objective(cfg, tgt, draft) -> Objective:
+    """The slot loss of --position-weights and --loss; for a soft loss, the target's frozen final norm and head
+    over the draft's vocabulary as the teacher (EAGLE-3's `TeacherHead`)."""
+    from specdraft.train.losses import BLOCK_LOSSES, parse_loss
+    from specdraft.train.ttt import TeacherHead
+
+    terms = parse_loss(cfg.loss, BLOCK_LOSSES)
+    teacher = None if set(terms) <= {"ce"} else TeacherHead(tgt, draft.t2d.cpu()).to(draft.t2d.device)
+    return Objective(cfg.position_weights, terms, teacher)
 
 
 def _global(run: _BlockRun, st: BlockStats) -> BlockStats:
@@ -230,7 +241,7 @@ def _step_data(run: _BlockRun, step: int, held: _Held) -> tuple[list[int], int, 
         mine = group[run.rank :: run.world]
         held.first, held.batch = step - part, _load(run, mine)
         held.anchors = [sample_anchors(lm, run.cfg.anchors, anchor_generator(run.cfg.seed, step - part, s))
-                        for s, (_, _, lm) in zip(mine, held.batch)]  # fmt: skip
+                        for s, (_, _, lm, _) in zip(mine, held.batch)]  # fmt: skip
     return group, part, [a.tensor_split(n)[part] for a in held.anchors]
 
 
@@ -257,7 +268,12 @@ def _checkpoint(run: _BlockRun, step: int) -> Path:
     draft, opt_state = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     if run.rank == 0:
         write_checkpoint(
-            run.out, step, draft, opt_state, {"settings": asdict(run.cfg)}, run.cfg.keep_checkpoints
+            run.out,
+            step,
+            draft,
+            opt_state,
+            {"settings": asdict(run.cfg), "trained_loss": run.cfg.loss},
+            run.cfg.keep_checkpoints,
         )
     barrier(run.world)
     return path
@@ -286,6 +302,7 @@ def _print_header(run: _BlockRun) -> None:
 def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None) -> Path:
     """Train a DFlash draft on extracted shards; returns OUT/final. `_stop_at` ends the run after that step
     without writing final/ (tests: an interrupted run to resume)."""
+    cfg = with_own_loss(cfg)  # --loss "": DFlash's own, ce (recorded as such)
     # --- check: the settings --draft dflash takes (the --init-from draft is checked against the data in setup)
     problems = block_problems(cfg) + _out_problems(Path(out), cfg.resume)
     if problems:

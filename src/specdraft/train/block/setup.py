@@ -250,6 +250,8 @@ def resume_problems(cfg, data: BlockData, out: Path) -> tuple[Path | None, list[
             return ck, [f"--resume: {ck} is a draft for other layers or block size than these settings and data: "
                         "resume with the settings it was trained with"]  # fmt: skip
         return ck, []
+    if "trained_loss" not in meta["train"] and old.get("loss") == "kl":  # written before DFlash read --loss:
+        old = {**old, "loss": "ce"}  # it recorded EAGLE-3's default, unused, and trained with ce
     free = {*_RESUME_FREE, "fsdp"}  # --fsdp holds the same weights (a checkpoint resumes with or without it)
     changed = changed_settings(old, asdict(cfg), asdict(TrainConfig()), skip=free)
     if dc.get("aux_layer_ids") != data.aux_ids:
@@ -301,18 +303,18 @@ def extend_plan(plan: list[tuple], data: BlockData, max_tokens: int, seed: int, 
 
 
 def load_sample(data: BlockData, sid: int, max_length: int, device) -> tuple:
-    """(aux (T, n_aux * H), ids (T,), loss_mask (T,)) of one stored sample, truncated to max_length."""
+    """(aux (T, n_aux * H), ids (T,), loss_mask (T,), final (T, H)) of one stored sample, truncated to
+    max_length (final: the target's last hidden state, a soft --loss's teacher reads it)."""
     return sample_tensors(data, data.ss.load(sid), max_length, device)
 
 
 def sample_tensors(data: BlockData, d: dict, max_length: int, device) -> tuple:
     """What `load_sample` gives, of a sample dict as the shards (or an online capture) hold it."""
-    hid = d["hidden"][
-        :max_length, : len(data.aux_ids)
-    ].float()  # (T, n_aux, H): the aux slots, not the final one
+    n = len(data.aux_ids)
+    hid = d["hidden"][:max_length].float()  # (T, n_aux + 1, H): the aux slots, then the final one
     T = hid.shape[0]
-    return (hid.reshape(T, -1).to(device), d["input_ids"][:max_length].long().to(device),
-            d["loss_mask"][:max_length].bool().to(device))  # fmt: skip
+    return (hid[:, :n].reshape(T, -1).to(device), d["input_ids"][:max_length].long().to(device),
+            d["loss_mask"][:max_length].bool().to(device), hid[:, n].to(device) if hid.shape[1] > n else None)  # fmt: skip
 
 
 def anchor_generator(seed: int, step: int, sid: int) -> torch.Generator:

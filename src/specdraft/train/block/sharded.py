@@ -23,32 +23,31 @@ import torch
 from torch import nn
 
 from specdraft.model.dflash import DFlashDraft
-from specdraft.train.block.objective import batch_loss, evaluate
+from specdraft.train.block.objective import Objective, batch_loss, evaluate
 
 
 class BlockModel(nn.Module):
     """The draft behind one call per step: the batch's summed loss and stats, or validation stats."""
 
-    def __init__(self, draft: DFlashDraft, position_weights: str = "exp"):
+    def __init__(self, draft: DFlashDraft, obj: Objective | None = None):
         super().__init__()
         self.draft = draft
-        self.position_weights = (
-            position_weights  # the loss's slot weights: exp or dpace (`objective.block_loss`)
-        )
+        self.obj = obj or Objective()  # the slot loss: weights, --loss terms (`objective.block_loss`)
+        self.teacher = self.obj.teacher  # a submodule: frozen, moved with the model, never sharded
 
     def forward(self, batch: list[tuple], anchors: list[torch.Tensor] | None, chunk: int, n_val: int = 0):
         """Training (`anchors` given): (summed loss + 0 x every trainable weight, stats). Validation
         (`anchors` None): (None, stats over every valid anchor up to n_val per sequence)."""
         if anchors is None:
-            return None, evaluate(self.draft, batch, anchors_per_seq=n_val)
-        loss, st = batch_loss(self.draft, batch, anchors, chunk, self.position_weights)
+            return None, evaluate(self.draft, batch, n_val, obj=self.obj)
+        loss, st = batch_loss(self.draft, batch, anchors, chunk, self.obj)
         zero = sum(p.sum() for p in self.draft.parameters() if p.requires_grad) * 0.0
         return (zero if loss is None else loss + zero), st
 
 
-def wrap(draft: DFlashDraft, sharded: bool, position_weights: str = "exp") -> BlockModel:
+def wrap(draft: DFlashDraft, sharded: bool, obj: Objective | None = None) -> BlockModel:
     """The draft in a `BlockModel`, its trainable weights sharded in place by FSDP2 when `sharded`."""
-    model = BlockModel(draft, position_weights)
+    model = BlockModel(draft, obj)
     if sharded:
         from torch.distributed.fsdp import fully_shard
 
