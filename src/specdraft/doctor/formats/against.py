@@ -46,14 +46,8 @@ def _export_problems(fe: FormatEngine, tree: SourceTree, export: str) -> list[Pr
     try:
         name = detect_format(json.loads(cfg.read_text()))
     except (OSError, ValueError) as exc:
-        return [
-            Problem(
-                "format",
-                export,
-                f"cannot read {cfg}: {exc}",
-                fix="point --export at a `specdraft export` output",
-            )
-        ]
+        return [Problem("format", export, f"cannot read {cfg}: {exc}",
+                fix="point --export at a `specdraft export` output")]  # fmt: skip
     read = [v.name for f in fe.formats for v in (f, *f.variants.values())]
     if name in UNCHECKED_LAYOUTS and name not in read:
         return [unchecked_layout(name, export, fe.engine)]

@@ -213,7 +213,7 @@ class ExprMixin:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
             return self._union([node.left, node.right], scope)
         if isinstance(node, ast.Subscript):
-            base = _last(node.value)
+            base = last_name(node.value)
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             if base in ("Optional", "Union"):
                 return self._union(elts, scope)
@@ -238,7 +238,7 @@ class ExprMixin:
         finds: list = []
         partial = False
         for m in members:
-            if (isinstance(m, ast.Constant) and m.value is None) or _last(m) == "None":
+            if (isinstance(m, ast.Constant) and m.value is None) or last_name(m) == "None":
                 continue
             v = self.annotation(m, scope)
             finds.extend(v.finds if v.kind == "einst" else [])
@@ -340,7 +340,7 @@ def _bound_first(fn: LocalFunc | None, via_class: bool) -> bool:
     classmethod's ``cls`` either way; never a staticmethod's or a plain function's."""
     if fn is None or fn.cls is None:
         return False
-    decos = {_last(d) for d in fn.node.decorator_list}
+    decos = {last_name(d) for d in fn.node.decorator_list}
     if "staticmethod" in decos:
         return False
     return "classmethod" in decos or not via_class
@@ -373,8 +373,10 @@ def _is_ellipsis(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value is ...
 
 
-def _last(node: ast.AST) -> str:
-    """The last name of a dotted expression (``typing.Optional`` -> ``Optional``)."""
+def last_name(node: ast.AST) -> str:
+    """The last name of a dotted expression or call (``functools.cached_property`` -> ``cached_property``)."""
+    if isinstance(node, ast.Call):
+        return last_name(node.func)
     if isinstance(node, ast.Attribute):
         return node.attr
     return node.id if isinstance(node, ast.Name) else ""

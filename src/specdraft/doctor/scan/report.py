@@ -19,11 +19,11 @@ from __future__ import annotations
 import json as _json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft.doctor.check import Problem, installed_root, shorten
+from specdraft.doctor.check import Findings, Problem, installed_root, shorten
 from specdraft.doctor.release.wheel import Downloader, locate
 from specdraft.doctor.scan import reach
 from specdraft.doctor.scan.check import Finding, check_sites
@@ -39,35 +39,14 @@ _ORDER = {"break": 0, "warning": 1, "unchecked": 2, "info": 3}
 
 
 @dataclass
-class ScanReport:
+class ScanReport(Findings):
     """What ``--scan`` found: one problem per site that is not fine, and counts."""
 
-    problems: list[Problem] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-
-    @property
-    def breaks(self) -> list[Problem]:
-        """The problems that make doctor fail."""
-        return [p for p in self.problems if p.severity == "break"]
-
-    @property
-    def exit_code(self) -> int:
-        """0 when nothing breaks, 1 otherwise."""
-        return 1 if self.breaks else 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "ok": not self.breaks,
-            "exit_code": self.exit_code,
-            "n_breaks": len(self.breaks),
-            "counts": self.counts,
-            "problems": [asdict(p) for p in self.problems],
-            "info": self.info,
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
+        return {**super().to_dict(), "counts": self.counts}
 
     def format_text(self) -> str:
         """A human-readable report: breaks and warnings with the engine's signature, then unchecked sites."""

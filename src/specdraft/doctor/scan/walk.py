@@ -17,7 +17,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
-from specdraft.doctor.scan.expr import ExprMixin
+from specdraft.doctor.scan.expr import ExprMixin, last_name
 from specdraft.doctor.scan.source import ScanTarget
 from specdraft.doctor.scan.values import (
     UNKNOWN,
@@ -377,7 +377,7 @@ class Walker(ExprMixin):
         """Bind ``fn``'s parameters in its scope: ``self``/``cls``, what callers passed, else the annotation."""
         a = fn.node.args
         params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
-        decos = {_last(d) for d in fn.node.decorator_list}
+        decos = {last_name(d) for d in fn.node.decorator_list}
         for i, p in enumerate(params):
             v = fn.params.get(p.arg, UNKNOWN)
             if i == 0 and fn.cls is not None and "staticmethod" not in decos and p in a.posonlyargs + a.args:
@@ -423,36 +423,24 @@ class Walker(ExprMixin):
                 self.changed = True
 
 
-def _hasattr_checks(test: ast.expr) -> frozenset[tuple[str, str]]:
-    """``(expression, name)`` of each ``hasattr(expression, "name")`` a condition requires (``and`` parts)."""
+def _required_calls(test: ast.expr, name: str) -> list[list[ast.expr]]:
+    """The arguments of each two-argument call of builtin ``name`` a condition requires (``and`` parts)."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return frozenset().union(*(_hasattr_checks(v) for v in test.values))
-    if (
-        isinstance(test, ast.Call)
-        and isinstance(test.func, ast.Name)
-        and test.func.id == "hasattr"
-        and len(test.args) == 2
-        and isinstance(test.args[1], ast.Constant)
-        and isinstance(test.args[1].value, str)
-    ):
-        return frozenset({(ast.unparse(test.args[0]), test.args[1].value)})
-    return frozenset()
+        return [c for v in test.values for c in _required_calls(v, name)]
+    ok = isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == name
+    return [test.args] if ok and len(test.args) == 2 else []
+
+
+def _hasattr_checks(test: ast.expr) -> frozenset[tuple[str, str]]:
+    """``(expression, name)`` of each ``hasattr(expression, "name")`` a condition requires."""
+    return frozenset((ast.unparse(o), a.value) for o, a in _required_calls(test, "hasattr")
+                     if isinstance(a, ast.Constant) and isinstance(a.value, str))  # fmt: skip
 
 
 def _isinstance_checks(test: ast.expr) -> list[tuple[str, ast.expr]]:
-    """``(name, class)`` of each ``isinstance(name, Class)`` a condition requires (``and`` parts)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return [c for v in test.values for c in _isinstance_checks(v)]
-    if (
-        isinstance(test, ast.Call)
-        and isinstance(test.func, ast.Name)
-        and test.func.id == "isinstance"
-        and len(test.args) == 2
-        and isinstance(test.args[0], ast.Name)
-        and not isinstance(test.args[1], ast.Tuple)
-    ):
-        return [(test.args[0].id, test.args[1])]
-    return []
+    """``(name, class)`` of each ``isinstance(name, Class)`` a condition requires."""
+    return [(o.id, c) for o, c in _required_calls(test, "isinstance")
+            if isinstance(o, ast.Name) and not isinstance(c, ast.Tuple)]  # fmt: skip
 
 
 def _names(node: ast.AST | None) -> set[str]:
@@ -461,13 +449,4 @@ def _names(node: ast.AST | None) -> set[str]:
         return set()
     if isinstance(node, ast.Tuple):
         return {n for e in node.elts for n in _names(e)}
-    return {_last(node)}
-
-
-def _last(node: ast.AST) -> str:
-    """The last name of a dotted expression or call (``functools.cached_property`` -> ``cached_property``)."""
-    if isinstance(node, ast.Call):
-        return _last(node.func)
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return node.id if isinstance(node, ast.Name) else ""
+    return {last_name(node)}
