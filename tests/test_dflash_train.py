@@ -403,14 +403,16 @@ def _assert_weights_close(a, b, atol=2e-5) -> float:
 def test_fsdp_two_processes_match_one_and_resume_either_way(shards, tmp_path):
     """torchrun --fsdp on CPU (gloo), 2 ranks: the trainable weights sharded by FSDP2, the same weights as 1
     process; its checkpoint is one process's format (same files, optimizer state keyed alike) and resumes
-    in 1 process without --fsdp and in 2 with it (the whole run sharded)."""
+    in 1 process without --fsdp and in 2 with it (the whole run sharded). With a soft --loss: the target's
+    head (the teacher) stays whole on every rank, out of the shards and the checkpoints."""
     import shutil
     from dataclasses import asdict
 
-    settings = asdict(cfg(max_steps=3, checkpoint_every=2))
+    kw = dict(max_steps=3, checkpoint_every=2, loss="0.5*ce+0.5*kl")
+    settings = asdict(cfg(**kw))
     fsdp = {**settings, "fsdp": True}
     one, sharded = tmp_path / "one", tmp_path / "fsdp"
-    train_dflash(str(shards), one, cfg(max_steps=3, checkpoint_every=2), _stop_at=2)
+    train_dflash(str(shards), one, cfg(**kw), _stop_at=2)
     said = _torchrun(tmp_path, shards, sharded, 2, fsdp, stop_at=2)
     assert "2 rank(s), FSDP2" in said
     ck1, ck2 = one / "checkpoints" / "step_2", sharded / "checkpoints" / "step_2"
@@ -427,9 +429,9 @@ def test_fsdp_two_processes_match_one_and_resume_either_way(shards, tmp_path):
     # resume: the --fsdp checkpoint in 1 process without it, in 2 with it
     resumed = tmp_path / "fsdp-in-one"
     shutil.copytree(sharded, resumed)
-    train_dflash(str(shards), resumed, cfg(max_steps=3, checkpoint_every=2, resume=True))
+    train_dflash(str(shards), resumed, cfg(**kw, resume=True))
     _torchrun(tmp_path, shards, sharded, 2, {**fsdp, "resume": True})
-    train_dflash(str(shards), one, cfg(max_steps=3, checkpoint_every=2, resume=True))
+    train_dflash(str(shards), one, cfg(**kw, resume=True))
     for d in (resumed, sharded):
         print(f"max |w({d.name}) - w(1 process)|:", _assert_weights_close(one / "final", d / "final"))
 

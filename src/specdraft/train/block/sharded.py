@@ -32,8 +32,9 @@ class BlockModel(nn.Module):
     def __init__(self, draft: DFlashDraft, obj: Objective | None = None):
         super().__init__()
         self.draft = draft
-        self.obj = obj or Objective()  # the slot loss: weights, --loss terms (`objective.block_loss`)
-        self.teacher = self.obj.teacher  # a submodule: frozen, moved with the model, never sharded
+        # the slot loss: weights, --loss terms and the frozen teacher head, on the draft's device already (not a
+        # submodule: out of the state dicts, checkpoints and FSDP's reach)
+        self.obj = obj or Objective()
 
     def forward(self, batch: list[tuple], anchors: list[torch.Tensor] | None, chunk: int, n_val: int = 0):
         """Training (`anchors` given): (summed loss + 0 x every trainable weight, stats). Validation
