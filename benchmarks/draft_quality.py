@@ -8,7 +8,7 @@ quickstart's settings, every draft served by vLLM behind the target (tau, batch-
 `--shards`: an extraction of the embedded default (the quickstart's: 240 ShareGPT conversations of at most
 1024 tokens, 142k reply tokens; a larger one for the second data size). Every arm trains one epoch with the
 quickstart's settings (draft vocabulary 8192, 3 TTT steps, lr 1e-3, 512 tokens a step, constant, 5% held out,
-the small-run recipe: prompt loss, decay 0.5, argmax loss, 2 steps a batch, fc-init high, EMA 0.99) and the
+the small-run recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 steps a batch, fc-init high, EMA 0.99) and the
 changes its row of ARMS names, with seed N for `ARM_sN`. `--base-run` adopts an existing run with the base
 settings (the quickstart's own train/, trained from the same shards) as `base_s0` instead of training it again.
 An `--out` kept from an earlier run reuses every arm trained and exported there; each call serves the arms it
@@ -31,13 +31,15 @@ from specdraft.export import export
 from specdraft.train.config import SMALL_RUN, TrainConfig
 from specdraft.train.loop import train
 
-# the quickstart's training settings (quickstart.BUDGETS["default"] with the recipe), seed 0
+# the quickstart's training settings (quickstart.BUDGETS["default"]) with the small-run recipe as it was before
+# issue 45 (the argmax loss and AdamW, which the table's base measures), seed 0
+BEFORE = {**SMALL_RUN, "hard_weight": 1.0, "optimizer": "adamw"}
 BASE = TrainConfig(draft_vocab_size=8192, ttt_steps=3, epochs=1, lr=1e-3, max_tokens=512, schedule="constant",
                    checkpoint_every=10**6, val_fraction=0.05, val_every=0, recipe="off", progress=False,
-                   tensorboard=False, **{k: v for k, v in SMALL_RUN.items() if k not in ("lr", "max_tokens", "schedule")})  # fmt: skip
-SOFT = {"hard_weight": 0.0}  # the recipe's argmax loss off: the soft loss (--loss) is what trains
+                   tensorboard=False, **{k: v for k, v in BEFORE.items() if k not in ("lr", "max_tokens", "schedule")})  # fmt: skip
+SOFT = {"hard_weight": 0.0}  # the argmax loss off: the soft loss (--loss) is what trains
 ARMS = {  # name: what changes against BASE
-    "base": {},
+    "base": {},  # the recipe before issue 45; today's recipe is kl+muon
     "kl": {**SOFT, "loss": "kl"},
     "lk": {**SOFT, "loss": "lk"},
     "nla": {**SOFT, "loss": "nla"},

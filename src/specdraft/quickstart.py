@@ -58,8 +58,9 @@ class Budget:
     recipe: bool = False  # train with SMALL_RUN, the settings the scaling curve measured
 
 
-#: the small-run recipe (docs/experiments.md): the settings of the scaling curve's runs, on top of the budget's lr,
-#: max_tokens and schedule (`train.config.SMALL_RUN`, benchmarks/ablate.py's best arm `best_spb2_fc_high_ema0.99`)
+#: the small-run recipe (docs/experiments.md): the settings of the scaling curve's runs (benchmarks/ablate.py's best
+#: arm `best_spb2_fc_high_ema0.99`) with issue 45's Muon and soft KL for its argmax loss, on top of the budget's lr,
+#: max_tokens and schedule (`train.config.SMALL_RUN`)
 SMALL_RUN = {k: v for k, v in TRAIN_RECIPE.items() if k not in ("lr", "max_tokens", "schedule")}
 
 
@@ -92,7 +93,10 @@ def curve_position(reply_tokens: int, epochs: int) -> str:
     line = f"{reply_tokens:,} assistant tokens: the curve gives tau {at(reply_tokens)} for one epoch of them"
     if epochs > 1:
         line += f", {at(reply_tokens * epochs)} for one epoch of {epochs}x as many new ones"
-    return line + f"; tau 1.5 needs ~{10 ** ((1.5 - a) / b):,.0f}"
+    return line + (
+        f"; tau 1.5 needs ~{10 ** ((1.5 - a) / b):,.0f} (a curve of the recipe before Muon and the soft "
+        "loss, which add ~0.03 at 305k)"
+    )
 
 
 class _Timings:
