@@ -6,7 +6,8 @@ the cost of a round.
                                 [--draft-layers 1] [--sweep 4x1,8x1,4x2,8x2] [--dflash-epochs N]
                                 [--dflash-layers 1,8,15,22,28] [--prompts 4] [--max-new-tokens 48]
                                 [--threads N] [--train-samples N] [--draft-vocab-size 4096]
-                                [--eagle-recipe] [--out DIR]
+                                [--eagle-recipe] [--dflash-losses ce,kl] [--position-weights exp,dpace]
+                                [--out DIR]
 
 One prepared ShareGPT set for the embedded default target (smollm2-135m, 30 layers), extracted with EAGLE-3's
 default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 spread over the depth;
@@ -18,7 +19,9 @@ optimizer settings kept. `--train-samples N` trains on the first N prepared samp
 curve from one extraction: prepare and extract the largest point once, `--samples`); `--eagle-recipe` trains
 EAGLE-3 with the small-run recipe on top (the settings the quickstart and `train` use at this size), DFlash with
 `--lr`/`--max-tokens`/`--schedule` (pass the recipe's 1e-3, 512, constant for the same optimizer). `--sweep BxL,...` trains one DFlash draft per block size B and draft layer count L
-(instead of `--block-size`/`--draft-layers`). All decode the same MT-bench first turns greedily, target-only
+(instead of `--block-size`/`--draft-layers`); `--dflash-losses` and `--position-weights` (comma-separated) train
+each of those once per loss (`ce`, DFlash's own, or a soft loss against the target's distribution: `kl`, `lk`,
+`0.5*ce+0.5*kl`, ...) and slot weighting (`exp`, DFlash's own, or `dpace`). All decode the same MT-bench first turns greedily, target-only
 decoding once per prompt as the baseline; a DFlash draft of block B drafts B - 1 tokens a round, and EAGLE-3's
 chain is run at each such k, as many as the block. Per draft: its validation accuracy per step/slot, training
 time, tau, P(accepted >= j) per draft position j, the draft's and the target's milliseconds per round,
@@ -33,6 +36,7 @@ asserts on time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -96,6 +100,10 @@ def main() -> None:
         action="store_true",
         help="EAGLE-3 with the small-run recipe on top (the quickstart's settings), DFlash without",
     )
+    ap.add_argument("--dflash-losses", default="ce", help="DFlash losses, comma-separated (ce, kl, lk, ...)")
+    ap.add_argument(
+        "--position-weights", default="exp", help="DFlash slot weights, comma-separated (exp, dpace)"
+    )
     ap.add_argument("--out", default="runs/bench-dflash")
     args = ap.parse_args()
     if args.threads:
@@ -136,11 +144,23 @@ def main() -> None:
     runs = {"eagle3": (out / f"train-eagle3{sfx}{'-recipe' if recipe else ''}", shards["eagle3"], eagle_cfg)}
     ep = args.dflash_epochs or args.epochs
     tag = f" e{ep}" if ep != args.epochs else ""  # DFlash trained for other epochs than EAGLE-3
-    for b, n in variants:
+    dflash_rows = []  # (row name, block size)
+    for (b, n), loss, pw in itertools.product(
+        variants, args.dflash_losses.split(","), args.position_weights.split(",")
+    ):
         cfg = TrainConfig(**{**common, "epochs": ep}, draft="dflash", block_size=b, draft_layers=n,
-                          anchors=args.anchors)  # fmt: skip
-        d = out / f"train-dflash-b{b}-l{n}-a{args.anchors}{tag.replace(' ', '-')}{sfx}"
-        runs[f"dflash b{b} l{n}{tag}"] = (d, shards["dflash"], cfg)
+                          anchors=args.anchors, loss=loss, position_weights=pw)  # fmt: skip
+        obj = ("" if loss == "ce" else f"-{loss}") + (
+            "" if pw == "exp" else f"-{pw}"
+        )  # DFlash's own: no suffix
+        d = out / f"train-dflash-b{b}-l{n}-a{args.anchors}{tag.replace(' ', '-')}{sfx}{obj}"
+        name = (
+            f"dflash b{b} l{n}{tag}"
+            + (f" {loss}" if loss != "ce" else "")
+            + (f" {pw}" if pw != "exp" else "")
+        )
+        runs[name] = (d, shards["dflash"], cfg)
+        dflash_rows.append((name, b))
     train_s = {}
     for name, (d, sh, cfg) in runs.items():
         meta = d / "bench-train.json"
@@ -158,8 +178,7 @@ def main() -> None:
     eagle = Speculator(tgt, load_eval_draft(str(runs["eagle3"][0]), tgt))
     # (row name, speculator, k, training run)
     rows = [(f"eagle3 k={k}", eagle, k, "eagle3") for k in sorted({b - 1 for b, _ in variants})]
-    for b, n in variants:
-        name = f"dflash b{b} l{n}{tag}"
+    for name, b in dflash_rows:
         rows.append((name, BlockSpeculator(tgt, load_dflash(runs[name][0] / "final")), b - 1, name))
     for _, sp, k, _ in rows:  # warm-up
         sp.generate(prompts[0], SpecConfig(k=k, max_new_tokens=4))

@@ -3,7 +3,7 @@ quickstart's settings, every draft served by vLLM behind the target (tau, batch-
 
     python benchmarks/draft_quality.py --shards runs/quickstart/hidden_states [--arms lk,nla,eagle31,...]
                                        [--seeds 0] [--base-run runs/quickstart/train] [--prompts 80]
-                                       [--batch1-prompts 8] [--out DIR]
+                                       [--batch1-prompts 8] [--batch1-rounds 3] [--out DIR]
 
 `--shards`: an extraction of the embedded default (the quickstart's: 240 ShareGPT conversations of at most
 1024 tokens, 142k reply tokens; a larger one for the second data size). Every arm trains one epoch with the
@@ -101,6 +101,9 @@ def main() -> None:
     p.add_argument("--base-run", default="", help="a finished run with the base settings, adopted as base_s0")
     p.add_argument("--prompts", type=int, default=80)
     p.add_argument("--batch1-prompts", type=int, default=8)
+    p.add_argument(
+        "--batch1-rounds", type=int, default=3, help="batch-1 rounds interleaved with the target alone"
+    )
     p.add_argument("--k", type=int, default=3, help="draft tokens a round when served")
     p.add_argument("--serve-out", default="serve", help="the serving report's directory under --out")
     p.add_argument("--train-only", action="store_true", help="train and export, serve nothing")
@@ -119,7 +122,8 @@ def main() -> None:
     if a.train_only:
         return
     rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=a.k, max_new_tokens=64,
-                        max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, out=str(root / a.serve_out))  # fmt: skip
+                        max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, batch1_rounds=a.batch1_rounds,
+                        out=str(root / a.serve_out))  # fmt: skip
     print(
         f"\n{'arm':<24}{'train s':>8}{'val acc0':>9}{'vLLM tau':>9}{'batch 1':>8}  acceptance per position, lossless"
     )

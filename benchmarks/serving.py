@@ -1,7 +1,7 @@
 """Which k serves best here: one exported draft in vLLM at several k, batch 1 and batched, in one run.
 
     python benchmarks/serving.py EXPORT [--target smollm2-135m] [--ks 1,2,3,5] [--prompts 16]
-                                 [--batch1-prompts 8] [--max-new-tokens 64]
+                                 [--batch1-prompts 8] [--batch1-rounds 3] [--max-new-tokens 64]
 
 For each k the target is served alone and with the draft (`specdraft.eval.serving.evaluate_vllm`, greedy,
 lossless-checked) over the first MT-bench first turns: all of them batched, the first `--batch1-prompts` one
@@ -39,12 +39,16 @@ def main() -> None:
     p.add_argument("--ks", default="1,2,3,5")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--batch1-prompts", type=int, default=8)
+    p.add_argument(
+        "--batch1-rounds", type=int, default=3, help="batch-1 rounds interleaved with the target alone"
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     a = p.parse_args()
     rows = []
     for k in (int(x) for x in a.ks.split(",")):
         rep = evaluate_vllm([a.export], target=a.target, prompts="mtbench", k=k, max_new_tokens=a.max_new_tokens,
-                            max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, progress=False)  # fmt: skip
+                            max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, batch1_rounds=a.batch1_rounds,
+                            progress=False)  # fmt: skip
         d = rep["drafts"][a.export]
         b1 = d["batch1"]
         rows.append({"k": k, "tau": round(d["tau"], 3), "speedup_batched": d["speedup"],

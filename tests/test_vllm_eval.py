@@ -447,8 +447,10 @@ def test_eval_vllm_runs_the_reference_decoder_only_when_asked(tmp_path, monkeypa
     (export_dir / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
     with pytest.raises(ValueError, match="--reference: pass training outputs"):
         _evaluate_with_vllm([str(export_dir)], **args, reference=True)
-    with pytest.raises(ValueError, match="--reference are vLLM options"):
+    with pytest.raises(ValueError, match="--reference and --batch1-rounds are vLLM options"):
         evaluate(["untrained"], reference=True)
+    with pytest.raises(ValueError, match="are vLLM options: add --engine vllm"):
+        evaluate(["untrained"], batch1_rounds=3)
 
 
 def test_eval_vllm_names_each_export_after_its_run(tmp_path):

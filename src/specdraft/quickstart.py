@@ -56,6 +56,7 @@ class Budget:
     max_tokens: int  # padded tokens per optimizer step (small: more steps from little data)
     schedule: str  # learning-rate schedule after warmup
     recipe: bool = False  # train with SMALL_RUN, the settings the scaling curve measured
+    batch1_rounds: int = 1  # vLLM: batch-1 measurements interleaved with the target alone's (eval/batch1.py)
 
 
 #: the small-run recipe (docs/experiments.md): the settings of the scaling curve's runs (benchmarks/ablate.py's best
@@ -72,7 +73,7 @@ BUDGETS = {
     # (docs/experiments.md, "The quickstart's budget"): one epoch of ~142k ShareGPT reply tokens (240 conversations,
     # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
     # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80)
-    "default": Budget(240, 1024, 1, 8192, 3, 8, 64, 3, 0, 80, 8, 1e-3, 512, "constant", True),  # ~28 min
+    "default": Budget(240, 1024, 1, 8192, 3, 8, 64, 3, 0, 80, 4, 1e-3, 512, "constant", True, 3),  # ~29 min
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
@@ -226,9 +227,10 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     if b.serve_prompts and importlib.util.find_spec("vllm"):
         from specdraft.eval.serving import REPORT_FILE as SERVE_REPORT
 
-        title = (
-            f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1)"
+        inter = (
+            f" in {b.batch1_rounds} rounds interleaved with the target alone" if b.batch1_rounds > 1 else ""
         )
+        title = f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1{inter})"
         with clock.stage("serve", title, (root / "serve" / SERVE_REPORT).exists()):
             served = _serve(root / "serve", exports["speculators"], b)
 
@@ -350,15 +352,18 @@ def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
     else:
         rep = evaluate_vllm([str(export_dir)], target=EMBEDDED_DEFAULT, prompts="mtbench", k=b.k,
                             max_new_tokens=b.max_new_tokens, max_prompts=b.serve_prompts,
-                            batch1_prompts=b.batch1_prompts, max_num_seqs=b.serve_prompts,
+                            batch1_prompts=b.batch1_prompts, batch1_rounds=b.batch1_rounds,
+                            max_num_seqs=b.serve_prompts,
                             out=str(out))  # fmt: skip
         # (max_num_seqs: all prompts decoded together, the fastest way through them on a CPU)
     d = rep["drafts"][str(export_dir)]
     b1 = d.get("batch1") or {}
     return {"prompts": rep["settings"]["prompts"], "tau": round(d["tau"], 3), "speedup": d["speedup"],
             "tokens_per_s": d["tokens_per_s"], "baseline_tokens_per_s": rep["baseline"]["tokens_per_s"],
-            "batch1": {k: b1.get(k) for k in ("prompts", "tau", "speedup", "tokens_per_s", "round_cost_in_target_steps")},
-            "batch1_baseline_tokens_per_s": rep["baseline"].get("batch1", {}).get("tokens_per_s"),
+            "batch1": {k: b1.get(k) for k in ("prompts", "tau", "speedup", "tokens_per_s", "round_cost_in_target_steps",
+                                              "interleaved_rounds", "speedup_per_round")},
+            "batch1_baseline_tokens_per_s": b1.get("baseline_tokens_per_s")  # a report before interleaving: its one
+                                            or rep["baseline"].get("batch1", {}).get("tokens_per_s"),
             "lossless": d["lossless"]["ok"], "lines": summary_lines(rep)}  # fmt: skip
 
 
@@ -406,8 +411,14 @@ def _serve_rows(sv: dict | None) -> list[tuple[str, str]]:
         ("vLLM tau", f"{sv['tau']:.3f} over {sv['prompts']} MT-bench first turns, lossless {'yes' if sv['lossless'] else 'NO'}"),
         ("vLLM batched", f"x{sv['speedup'] or 0:.2f}: {sv['tokens_per_s']:.1f} tok/s with the draft vs {sv['baseline_tokens_per_s']:.1f} alone"),
         ("vLLM batch 1", f"x{b1['speedup'] or 0:.2f}: {b1['tokens_per_s'] or 0:.1f} tok/s vs {sv['batch1_baseline_tokens_per_s'] or 0:.1f} alone "
-                         f"({b1['prompts']} prompts; a round costs {b1['round_cost_in_target_steps'] or 0:.2f} target steps)"),
+                         f"({b1['prompts']} prompts{_rounds(b1)}; a round costs {b1['round_cost_in_target_steps'] or 0:.2f} target steps)"),
     ]  # fmt: skip
+
+
+def _rounds(b1: dict) -> str:
+    """How a batch-1 figure was measured, when interleaved: its rounds' speed-ups."""
+    per = b1.get("speedup_per_round") or []
+    return f", median of {len(per)} interleaved rounds: {' '.join(f'x{x:.2f}' for x in per)}" if per else ""
 
 
 def _fmt_val(val: dict) -> str:

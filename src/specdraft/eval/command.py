@@ -43,6 +43,7 @@ def evaluate(
     tensor_parallel_size: int = 1,
     engine_args: str = "",
     batch1_prompts: int = 8,
+    batch1_rounds: int = 1,
     reference: bool = False,
     trust_remote_code: bool = False,
     chat_template: str = "",
@@ -83,6 +84,8 @@ def evaluate(
         engine_args: vLLM: a JSON object of further `LLM(...)` options, checked before anything loads.
         batch1_prompts: vLLM: also serve the first N prompts one at a time (batch 1, latency) with and without
             the draft, and report the cost of a round (0 = batched only).
+        batch1_rounds: vLLM: measure batch 1 in N rounds interleaved with the target alone (each in a fresh
+            engine) and report the median speed-up: steadier on a shared machine, N reloads of every engine.
         reference: vLLM: also run the reference decoder here, on the full (unsplit) target, for each training
             output, its figures next to vLLM's (slow on a large target; exports are served by vLLM only).
         trust_remote_code: allow model code shipped with the target.
@@ -96,7 +99,7 @@ def evaluate(
     """
     from specdraft.runtime import resolve_device, resolve_dtype
 
-    engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference)
+    engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference, batch1_rounds)
     check_eval_out(Path(out))  # before anything loads: results are never lost at the end to a bad --out
     target = target or _recorded_target(draft)
     device = resolve_device(device, "eval")
@@ -105,7 +108,7 @@ def evaluate(
     with rendering(template, kwargs):
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
                          temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
-                         engine_kwargs, batch1_prompts, reference, trust_remote_code, layers)  # fmt: skip
+                         engine_kwargs, batch1_prompts, reference, trust_remote_code, layers, batch1_rounds)  # fmt: skip
 
 
 #: what eval writes into --out: a directory holding only these (or nothing) is eval's to write into
@@ -158,15 +161,17 @@ def _recorded_target(draft: list[str]) -> str:
     return EMBEDDED_DEFAULT
 
 
-def _check_engine(engine: str, tensor_parallel_size: int, engine_args: str, reference: bool = False) -> dict:
+def _check_engine(
+    engine: str, tensor_parallel_size: int, engine_args: str, reference: bool = False, batch1_rounds: int = 1
+) -> dict:
     """The engine options checked before anything loads; returns vLLM's options ({} for `hf`)."""
     if engine == "vllm":
         return _engine_kwargs(tensor_parallel_size, engine_args)
     if engine != "hf":
         raise ValueError(f"--engine must be hf or vllm, not {engine!r}")
-    if tensor_parallel_size != 1 or engine_args or reference:
+    if tensor_parallel_size != 1 or engine_args or reference or batch1_rounds != 1:
         raise ValueError(
-            "--tensor-parallel-size, --engine-args and --reference are vLLM options: add --engine vllm"
+            "--tensor-parallel-size, --engine-args, --reference and --batch1-rounds are vLLM options: add --engine vllm"
         )
     return {}
 
@@ -209,12 +214,12 @@ def _recorded_rendering(draft: str) -> dict:
 def _evaluate(
     draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
     draft_vocab_size, device, dtype, out, seed, progress, threads, engine, engine_kwargs, batch1_prompts,
-    reference, trust_remote_code, layers,
+    reference, trust_remote_code, layers, batch1_rounds=1,
 ) -> int:  # fmt: skip
     """`evaluate` with the engine options checked and the rendering chosen."""
     if engine == "vllm":
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
-                                   trust_remote_code, engine_kwargs, batch1_prompts, reference)  # fmt: skip
+                                   trust_remote_code, engine_kwargs, batch1_prompts, reference, batch1_rounds)  # fmt: skip
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
                              budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
                              trust_remote_code, layers)  # fmt: skip
@@ -232,7 +237,7 @@ def _evaluate(
 def _evaluate_with_vllm(
     draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
     dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict, batch1_prompts: int,
-    reference: bool = False,
+    reference: bool = False, batch1_rounds: int = 1,
 ) -> int:  # fmt: skip
     """`eval --engine vllm`: training outputs are exported first; with ``reference`` they are also run by the
     reference decoder (on the full target, here)."""
@@ -269,7 +274,7 @@ def _evaluate_with_vllm(
     report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
                            max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs if reference else None, out=out,
                            trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs,
-                           batch1_prompts=batch1_prompts)  # fmt: skip
+                           batch1_prompts=batch1_prompts, batch1_rounds=batch1_rounds)  # fmt: skip
     for line in summary_lines(report):
         print(line)
     print(f"report: {Path(out) / 'report_vllm.json'}; plots: {', '.join(report.get('plots', []))}")

@@ -65,9 +65,15 @@ def _vllm_summary_lines(report: dict) -> list[str]:
 def _batch1_lines(d1: dict, b1: dict, k: int, method: str | None = None) -> list[str]:
     """Batch-1 speed with the draft vs alone, and plainly why the draft is slower when it is."""
     drafting = "1 draft forward for the block" if method == "dflash" else f"{k} draft steps"
+    alone = d1.get("baseline_tokens_per_s", b1["tokens_per_s"])
     lines = [f"  batch 1 ({d1['prompts']} prompts one at a time): {d1['tokens_per_s']:.1f} tok/s with the draft vs "
-             f"{b1['tokens_per_s']:.1f} alone (x{d1['speedup'] or 0:.2f}), tau {d1['tau']:.3f}; a round "
+             f"{alone:.1f} alone (x{d1['speedup'] or 0:.2f}), tau {d1['tau']:.3f}; a round "
              f"({drafting} + a {k + 1}-token verify) costs {d1['round_cost_in_target_steps']:.2f} target steps"]  # fmt: skip
+    if d1.get("interleaved_rounds"):
+        per = ", ".join(f"x{s:.2f}" for s in d1["speedup_per_round"])
+        lines.append(
+            f"  the median of {d1['interleaved_rounds']} rounds interleaved with the target alone: {per}"
+        )
     if (d1["speedup"] or 0) < 1:
         lines.append(f"  the draft is SLOWER at batch 1: each round gains {d1['tau']:.2f} tokens but costs "
                      f"{d1['round_cost_in_target_steps']:.2f} target steps; it pays above tau "

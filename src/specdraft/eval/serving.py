@@ -24,7 +24,10 @@ i). Reported per draft (definitions shared with the reference report: :mod:`spec
   batch1                        the same for the first ``batch1_prompts`` prompts served one at a time
                                 (one sequence in the engine: latency, the regime drafts are for), with the
                                 measured cost of a round (k draft steps + one verify of k+1 tokens) in
-                                target-only decoding steps, and the tau it takes to break even;
+                                target-only decoding steps, and the tau it takes to break even; with
+                                ``batch1_rounds`` > 1 measured in rounds interleaved with the target
+                                alone's (:mod:`specdraft.eval.batch1`), so a slower minute of a shared
+                                machine slows both sides of a speed-up;
   lossless                      speculative output == target-only output token for token; every
                                 divergence with its prompt, turn and position.
 
@@ -48,6 +51,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
+from specdraft.eval import batch1
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.report import write_plots
@@ -103,6 +107,7 @@ class _Run:
     gen_args: dict[str, Any]  # VLLMEngine.generate options shared by all generations
     log: Callable[[str], None]
     batch1: int = 0  # first-turn prompts also served one at a time (batch 1)
+    batch1_rounds: int = 1  # batch-1 measurements of every engine, interleaved (eval/batch1.py)
 
 
 @dataclass
@@ -113,7 +118,8 @@ class _Baseline:
     ids: list[list[int]]
     tokens: list[list[int]]
     seconds: float
-    batch1: dict[str, Any] = field(default_factory=dict)  # the first prompts one at a time (empty: not run)
+    batch1: list[dict[str, Any]] = field(default_factory=list)  # the first prompts one at a time, each
+    # measurement (eval/batch1.py; empty: not run)
     new_tokens: int = field(init=False)
     tokens_per_s: float = field(init=False)
 
@@ -124,7 +130,7 @@ class _Baseline:
 
 def _check_arguments(
     export_dir: str | Sequence[str], prompts: Any, turns: int, k: int, max_new_tokens: int,
-    reference: Sequence[str] | None,
+    reference: Sequence[str] | None, batch1_rounds: int = 1,
 ) -> list[str]:  # fmt: skip
     """The export directories; every argument error at once, before any engine is built."""
     exports = [str(export_dir)] if isinstance(export_dir, (str, Path)) else [str(e) for e in export_dir]
@@ -137,6 +143,8 @@ def _check_arguments(
         errors.append(f"turns must be 1 or 2, not {turns}")
     if k < 1 or max_new_tokens < 1:
         errors.append(f"k and max_new_tokens must be >= 1 (got {k}, {max_new_tokens})")
+    if batch1_rounds < 1:
+        errors.append(f"batch1_rounds must be >= 1, not {batch1_rounds}")
     if reference is not None and len(reference) != len(exports):
         errors.append(f"{len(reference)} reference drafts for {len(exports)} exports: give one per export")
     if reference is not None and not isinstance(prompts, (str, Path)):
@@ -168,7 +176,7 @@ def _run_baseline(run: _Run, turns: int) -> _Baseline:
     ids1 = run.first_ids
     jobs2: list[tuple[int, int]] = []
     ids2: list[list[int]] = []
-    with VLLMEngine(run.target_dir, None, run.k, max_model_len=run.max_len, **run.engine_args) as eng:
+    with _engine(run, None) as eng:
         run.log(f"target alone loaded in {eng.load_seconds:.1f}s")
         eng.generate([ids1[0][:8]], 4, **run.gen_args)  # warm-up
         base = eng.generate(ids1, run.max_new_tokens, **run.gen_args)
@@ -185,48 +193,52 @@ def _run_baseline(run: _Run, turns: int) -> _Baseline:
                 b2 = eng.generate(ids2, run.max_new_tokens, **run.gen_args)
                 tokens += b2.tokens
                 seconds += b2.seconds
-        batch1 = _batch1(eng, run, base.tokens) if run.batch1 else {}
-    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds, batch1)
+        b1 = [_measure(eng, run, base.tokens)] if run.batch1 else []
+    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds, b1)
     run.log(f"target alone: {out.new_tokens} tokens, {out.tokens_per_s:.1f} tok/s")
     return out
 
 
-def _batch1(eng: VLLMEngine, run: _Run, reference: list[list[int]]) -> dict[str, Any]:
-    """The first ``run.batch1`` first turns served one at a time: tokens/s, counters, equal to ``reference``."""
-    n = min(run.batch1, len(run.first_ids))
-    g = eng.generate(run.first_ids[:n], run.max_new_tokens, **{**run.gen_args, "sequential": True})
-    new = sum(len(t) for t in g.tokens)
-    out = {"prompts": n, "new_tokens": new, "seconds": round(g.seconds, 3),
-           "tokens_per_s": round(new / g.seconds, 3) if g.seconds else 0.0,
-           "same_tokens_as_batched": g.tokens == reference[:n]}  # fmt: skip
-    if g.counters:
-        out["counters"] = g.counters
-    return out
-
-
-def _batch1_costs(b1: dict[str, Any], base_b1: dict[str, Any], k: int) -> dict[str, Any]:
-    """tau, speed-up and the cost of one round at batch 1, from the draft's and the baseline's batch-1 runs."""
-    st = counter_stats(b1.pop("counters"), k)
-    step = base_b1["seconds"] / max(base_b1["new_tokens"], 1)  # one target-only decoding step (s)
-    per_round = b1["seconds"] / max(st["rounds"], 1)  # a round: the drafting (EAGLE-3: k steps, DFlash: one
-    # forward) and a (k+1)-token verify (s)
-    cost = per_round / step if step else None
-    return {**b1, "tau": st["tau"], "rounds": st["rounds"],
-            "speedup": round(b1["tokens_per_s"] / base_b1["tokens_per_s"], 4) if base_b1["tokens_per_s"] else None,
-            "round_cost_in_target_steps": None if cost is None else round(cost, 3),
-            "break_even_tau": None if cost is None else round(cost, 3)}  # fmt: skip
-
-
-def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[dict]) -> dict[str, Any]:
-    """The target with draft ``name``: its report entry; each record gets the draft's line."""
+def _engine(run: _Run, name: str | None) -> VLLMEngine:
+    """The target alone (``name`` None) or with the draft exported at ``name``, built the run's way."""
+    if name is None:
+        return VLLMEngine(run.target_dir, None, run.k, max_model_len=run.max_len, **run.engine_args)
     method, k = served_method(name, run.k)
-    with VLLMEngine(
-        run.target_dir, name, k, method=method, max_model_len=run.max_len, **run.engine_args
-    ) as eng:
+    return VLLMEngine(run.target_dir, name, k, method=method, max_model_len=run.max_len, **run.engine_args)
+
+
+def _measure(eng: VLLMEngine, run: _Run, reference: list[list[int]]) -> dict[str, Any]:
+    return batch1.measure(eng, run.first_ids, run.batch1, run.max_new_tokens, run.gen_args, reference)
+
+
+def _batch1_rounds(run: _Run, base: _Baseline, drafts: dict[str, dict], first: dict[str, dict]) -> None:
+    """The batch-1 rounds after each engine's first (interleaved: eval/batch1.py), then each draft's figures."""
+
+    def once(name: str | None) -> dict[str, Any]:
+        with _engine(run, name) as eng:
+            eng.generate([run.first_ids[0][:8]], 4, **run.gen_args)  # warm-up
+            return _measure(eng, run, base.tokens)
+
+    measured = {name: [m] for name, m in first.items()}
+    batch1.interleave(run.batch1_rounds, lambda: once(None), {n: (lambda n=n: once(n)) for n in measured},
+                      base.batch1, measured, run.log)  # fmt: skip
+    for name, ms in measured.items():
+        d = drafts[name]
+        d["batch1"] = batch1.costs(ms, base.batch1, d["k"])
+        d["lossless"]["ok"] = d["lossless"]["ok"] and d["batch1"]["same_tokens_as_batched"]
+
+
+def _run_draft(
+    run: _Run, name: str, fmt: str, base: _Baseline, records: list[dict]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The target with draft ``name``: its report entry (each record gets the draft's line) and its first batch-1
+    measurement (None: not run)."""
+    method, k = served_method(name, run.k)
+    with _engine(run, name) as eng:
         run.log(f"{name} ({fmt}, {method}, k {k}) loaded in {eng.load_seconds:.1f}s")
         eng.generate([base.ids[0][:8]], 4, **run.gen_args)  # warm-up
         spec = eng.generate(base.ids, run.max_new_tokens, **run.gen_args)
-        b1 = _batch1(eng, run, base.tokens) if base.batch1 else None
+        b1 = _measure(eng, run, base.tokens) if base.batch1 else None
     stats = counter_stats(spec.counters, k)
     divergences = []
     for j, (rec, (i, t), st, bt) in enumerate(zip(records, base.jobs, spec.tokens, base.tokens)):
@@ -250,9 +262,6 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
         "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
         "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
     }
-    if b1 is not None:
-        entry["batch1"] = _batch1_costs(b1, base.batch1, k)
-        entry["lossless"]["ok"] = entry["lossless"]["ok"] and b1["same_tokens_as_batched"]
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
         entry["per_request_consistent"] = bool(
@@ -261,7 +270,7 @@ def _run_draft(run: _Run, name: str, fmt: str, base: _Baseline, records: list[di
     run.log(
         f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless {'yes' if entry['lossless']['ok'] else 'NO'}"
     )
-    return entry
+    return entry, b1
 
 
 def _add_reference(
@@ -299,6 +308,7 @@ def evaluate_vllm(
     ignore_eos: bool = False,
     sequential: bool = False,
     batch1_prompts: int = 0,
+    batch1_rounds: int = 1,
     max_num_seqs: int = 16,
     seed: int = 0,
     reference: Sequence[str] | None = None,
@@ -324,6 +334,10 @@ def evaluate_vllm(
         sequential: one prompt per ``LLM.generate`` call (single-stream speed) instead of one batch.
         batch1_prompts: also serve the first N first turns one at a time with each engine (batch 1: latency),
             reported as ``batch1`` next to the batched figures (0 = not).
+        batch1_rounds: batch-1 measurements of every engine, interleaved with the target alone's (A D A D ... A,
+            each in a fresh engine: :mod:`specdraft.eval.batch1`); the speed-up is the median over the rounds.
+            1 measures each engine once, in its main run. Raise it on a shared or noisy machine: each round
+            loads every engine again.
         max_num_seqs: sequences vLLM decodes together.
         seed: engine seed.
         reference: training outputs / saved drafts, one per export, to run the reference decoder
@@ -338,7 +352,7 @@ def evaluate_vllm(
         ValueError: bad arguments, or a reference list that does not pair with the exports.
         FileNotFoundError: an export directory without config.json.
     """
-    exports = _check_arguments(export_dir, prompts, turns, k, max_new_tokens, reference)
+    exports = _check_arguments(export_dir, prompts, turns, k, max_new_tokens, reference, batch1_rounds)
     formats = {e: export_format(e) for e in exports}
     dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     target_dir, tok, stops, plist = _plan(target, prompts, max_prompts, turns, trust_remote_code)
@@ -352,21 +366,27 @@ def evaluate_vllm(
                                 trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs),
                gen_args=dict(stop_ids=stops, ignore_eos=ignore_eos, sequential=sequential),
                log=lambda msg: print(f"eval[vllm]: {msg}", flush=True) if progress else None,
-               batch1=batch1_prompts)  # fmt: skip
+               batch1=batch1_prompts, batch1_rounds=batch1_rounds)  # fmt: skip
 
     settings = dict(k=k, max_new_tokens=max_new_tokens, turns=turns, prompts=len(plist), temperature=0.0,
                     dtype=dtype, ignore_eos=ignore_eos, stop_ids=list(stops), sequential=sequential,
-                    batch1_prompts=min(batch1_prompts, len(plist)),
+                    batch1_prompts=min(batch1_prompts, len(plist)), batch1_rounds=batch1_rounds,
                     max_num_seqs=max_num_seqs, seed=seed, device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
 
     base = _run_baseline(run, turns)
     records = [{"id": plist[i].id, "category": plist[i].category, "turn": t + 1, "prompt_tokens": len(ids),
                 "baseline": {"new_tokens": len(bt)}, "drafts": {}}
                for (i, t), ids, bt in zip(base.jobs, base.ids, base.tokens)]  # fmt: skip
-    drafts = {name: _run_draft(run, name, formats[name], base, records) for name in exports}
+    drafts, first = {}, {}
+    for name in exports:
+        drafts[name], b1 = _run_draft(run, name, formats[name], base, records)
+        if b1 is not None:
+            first[name] = b1
+    if base.batch1:
+        _batch1_rounds(run, base, drafts, first)
     report = {"engine": "vllm", "vllm_version": engines.installed_version("vllm") or "not installed", "target": target_dir, "settings": settings,
               "baseline": {"new_tokens": base.new_tokens, "seconds": round(base.seconds, 3),
-                           "tokens_per_s": round(base.tokens_per_s, 3), **({"batch1": base.batch1} if base.batch1 else {})},
+                           "tokens_per_s": round(base.tokens_per_s, 3), **({"batch1": batch1.baseline(base.batch1)} if base.batch1 else {})},
               "drafts": drafts, "records": records}  # fmt: skip
     if reference is not None:
         _add_reference(report, exports, list(reference), target, str(prompts), turns, max_prompts,
