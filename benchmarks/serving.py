@@ -53,7 +53,9 @@ def main() -> None:
         b1 = d["batch1"]
         rows.append({"k": k, "tau": round(d["tau"], 3), "speedup_batched": d["speedup"],
                      "speedup_batch1": b1["speedup"], "round_cost": b1["round_cost_in_target_steps"],
-                     "tau_batch1": round(b1["tau"], 3), "lossless": d["lossless"]["ok"]})  # fmt: skip
+                     "tau_batch1": round(b1["tau"], 3), "lossless": d["lossless"]["ok"],
+                     "batch1_tokens_per_s": b1["tokens_per_s"], "batch1_alone_tokens_per_s": b1.get("baseline_tokens_per_s"),
+                     "speedup_batch1_per_round": b1.get("speedup_per_round")})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'k':>3}{'tau':>8}{'batched':>9}{'batch 1':>9}{'round cost':>12}  lossless")
     for r in rows:
