@@ -101,3 +101,16 @@ def test_trains_messages_name_only_options_train_or_extract_has():
         "--logdir",
     }  # mlflow's, pip's, tensorboard's; `--flag / --no-flag`
     assert {n for n in named if n not in have and not n.startswith("--no-")} - others == set()
+
+
+def test_an_optional_list_reads_as_its_items():
+    """`--layers` (list[int] | None) reads `INT [INT ...]` where tyro would write `{[INT [INT ...]]}`, and still
+    parses a list."""
+    parsers = _parsers()
+    for cmd in ("eval", "extract", "doctor"):
+        (layers,) = [a for a in parsers[cmd]._actions if "--layers" in a.option_strings]
+        assert layers.metavar == "INT [INT ...]", (cmd, layers.metavar)
+    from specdraft.cli import _optional_list_metavar
+
+    assert _optional_list_metavar(list[str] | None) == "STR [STR ...]"
+    assert _optional_list_metavar(list[int]) is None and _optional_list_metavar(int | None) is None

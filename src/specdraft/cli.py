@@ -109,7 +109,7 @@ def command_signature(cmd: str, fn, config: dict | None = None, loose: bool = Fa
                 tp, tyro.conf.Positional, tyro.conf.arg(help=docs.get(name, ""), metavar=name.upper())
             ]
         else:
-            ann = Annotated[tp, tyro.conf.arg(help=docs.get(name, ""))]
+            ann = Annotated[tp, tyro.conf.arg(help=docs.get(name, ""), metavar=_optional_list_metavar(tp))]
         if positional and default is inspect.Parameter.empty and loose:
             default, ann = None, Annotated[(ann.__origin__ | None, *ann.__metadata__)]
         elif positional and default is inspect.Parameter.empty:  # tyro shows a list left out as "(default: )"
@@ -560,3 +560,15 @@ def _user_message(e: BaseException, hint: str) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _optional_list_metavar(tp: Any) -> str | None:
+    """`INT [INT ...]` for an optional list (`list[int] | None`), which tyro would show as `{[INT [INT ...]]}`."""
+    args = typing.get_args(tp)
+    if type(None) not in args or len(args) != 2:
+        return None
+    (inner,) = [a for a in args if a is not type(None)]
+    if typing.get_origin(inner) is not list or not typing.get_args(inner):
+        return None
+    elem = getattr(typing.get_args(inner)[0], "__name__", "X").upper()
+    return f"{elem} [{elem} ...]"
