@@ -7,12 +7,12 @@ the cost of a round.
                                 [--dflash-layers 1,8,15,22,28] [--prompts 4] [--max-new-tokens 48]
                                 [--threads N] [--train-samples N] [--draft-vocab-size 4096]
                                 [--eagle-recipe] [--dflash-losses ce,kl] [--position-weights exp,dpace]
-                                [--out DIR]
+                                [--seed 0] [--out DIR]
 
 One prepared ShareGPT set for the embedded default target (smollm2-135m, 30 layers), extracted with EAGLE-3's
 default aux layers (2, 15, 27) and with DFlash's (`--dflash-layers`, default 5 spread over the depth;
 `--dflash-layers 2,15,27` reads EAGLE-3's and the one extraction serves both). Both drafts train with the same
-optimizer settings (`--lr`, `--max-tokens` a step, `--schedule`, `--epochs`, draft vocabulary 4096, seed 0;
+optimizer settings (`--lr`, `--max-tokens` a step, `--schedule`, `--epochs`, draft vocabulary 4096, `--seed`;
 the library's settings, `--recipe off`); EAGLE-3 with 3 TTT steps, DFlash with `--anchors` blocks a sequence a
 step. `--dflash-epochs N` trains DFlash for N epochs instead (its rows and directories say eN), the other
 optimizer settings kept. `--train-samples N` trains on the first N prepared samples only (a point of the data
@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--train-samples", type=int, default=0, help="train on the first N samples (0: all)")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="every draft's seed (init, data order, anchors, held-out)"
+    )
     ap.add_argument("--draft-vocab-size", type=int, default=4096)
     ap.add_argument(
         "--eagle-recipe",
@@ -136,9 +139,10 @@ def main() -> None:
     # a point of the data curve, another vocabulary or recipe: their own directories (same --out, same extraction)
     sfx = (f"-n{args.train_samples}" if args.train_samples else "") + (
         f"-v{args.draft_vocab_size}" if args.draft_vocab_size != 4096 else "")  # fmt: skip
+    sfx += f"-s{args.seed}" if args.seed else ""  # another seed: its own drafts
     common = dict(draft_vocab_size=args.draft_vocab_size, max_samples=args.train_samples, lr=args.lr, max_tokens=args.max_tokens, schedule=args.schedule,
                   epochs=args.epochs, max_length=args.max_length, val_fraction=0.05, checkpoint_every=10**6,
-                  recipe="off", progress=False, tensorboard=False, seed=0)  # fmt: skip
+                  recipe="off", progress=False, tensorboard=False, seed=args.seed)  # fmt: skip
     recipe = SMALL_RUN if args.eagle_recipe else {}
     eagle_cfg = TrainConfig(**{**common, **recipe}, ttt_steps=3)
     runs = {"eagle3": (out / f"train-eagle3{sfx}{'-recipe' if recipe else ''}", shards["eagle3"], eagle_cfg)}
