@@ -18,7 +18,13 @@ COUNTERS = {"vllm:spec_decode_num_drafts": 40, "vllm:spec_decode_num_draft_token
 
 
 def _m(tps: float, new: int = 64, counters: dict | None = None, same: bool = True) -> dict:
-    out = {"prompts": 2, "new_tokens": new, "seconds": new / tps, "tokens_per_s": tps, "same_tokens_as_batched": same}
+    out = {
+        "prompts": 2,
+        "new_tokens": new,
+        "seconds": new / tps,
+        "tokens_per_s": tps,
+        "same_tokens_as_batched": same,
+    }
     return {**out, "counters": counters} if counters else out
 
 
