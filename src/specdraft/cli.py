@@ -558,10 +558,6 @@ def _user_message(e: BaseException, hint: str) -> str:
     return str(e) or type(e).__name__
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _optional_list_metavar(tp: Any) -> str | None:
     """`INT [INT ...]` for an optional list (`list[int] | None`), which tyro would show as `{[INT [INT ...]]}`."""
     args = typing.get_args(tp)
@@ -572,3 +568,7 @@ def _optional_list_metavar(tp: Any) -> str | None:
         return None
     elem = getattr(typing.get_args(inner)[0], "__name__", "X").upper()
     return f"{elem} [{elem} ...]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
