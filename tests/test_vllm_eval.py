@@ -181,6 +181,25 @@ def test_summary_lines_of_a_vllm_report():
         "x (speculators): tau 1.500, acceptance per position [0.500, -], 4.0 tok/s (x0.80), lossless NO (1 divergences)",
         "  reference decoder: tau 1.250, acceptance per position [0.250, -]; identical rounds in 1/2 prompts",
     ]
+    report["drafts"]["x"]["vocab_coverage"] = 0.8828
+    assert summary_lines(report)[2] == (
+        "  its draft vocabulary holds 88.3% of the target's own tokens here (a draft proposes none of the rest)"
+    )
+
+
+def test_vocab_coverage_counts_the_target_tokens_the_draft_vocabulary_holds(tmp_path):
+    from safetensors.torch import save_file
+
+    from specdraft.eval.serving import vocab_coverage
+
+    t2d = torch.zeros(50, dtype=torch.bool)
+    t2d[[1, 2, 3, 7]] = True  # the draft vocabulary: target ids 1, 2, 3 and 7
+    save_file({"t2d": t2d, "lm_head.weight": torch.zeros(4, 2)}, str(tmp_path / "model.safetensors"))
+    tokens = [[1, 2, 9, 7], [0, 3], []]  # 4 of 6 held (9 and 0 are not)
+    assert vocab_coverage(tmp_path, tokens) == round(4 / 6, 4)
+    assert vocab_coverage(tmp_path, [[]]) is None
+    save_file({"lm_head.weight": torch.zeros(4, 2)}, str(tmp_path / "model.safetensors"))
+    assert vocab_coverage(tmp_path, tokens) is None  # no map: the draft vocabulary is the target's
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ def _vllm_summary_lines(report: dict) -> list[str]:
         lossless = "yes" if not n_div else f"NO ({n_div} divergences)"
         lines.append(f"{name} ({d['format']}): tau {d['tau']:.3f}, acceptance per position [{acc}], "
                      f"{d['tokens_per_s']:.1f} tok/s (x{d['speedup'] or 0:.2f}), lossless {lossless}")  # fmt: skip
+        if d.get("vocab_coverage") is not None:
+            lines.append(f"  its draft vocabulary holds {d['vocab_coverage']:.1%} of the target's own tokens here "
+                         "(a draft proposes none of the rest)")  # fmt: skip
         ref = d.get("reference")
         if ref:
             racc = _rates(ref["acceptance_rate_per_position"], 3)

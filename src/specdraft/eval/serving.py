@@ -87,6 +87,22 @@ def served_method(export_dir: str | Path, k: int) -> tuple[str, int]:
     return "eagle3", k
 
 
+def vocab_coverage(export_dir: str | Path, tokens: Sequence[Sequence[int]]) -> float | None:
+    """The share of ``tokens`` (the target alone's own output) that the export's draft vocabulary holds: no draft
+    proposes a token outside it, so this caps every position's acceptance. None when the export has no map
+    (``t2d``: its draft vocabulary is the target's, or a DFlash export keeps it elsewhere) or no tokens."""
+    from safetensors import safe_open
+
+    flat = [t for seq in tokens for t in seq]
+    for f in sorted(Path(export_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if "t2d" in st.keys() and flat:
+                t2d = st.get_tensor("t2d").bool()  # (V,): target id -> in the draft vocabulary
+                held = sum(1 for t in flat if t < t2d.numel() and t2d[t])
+                return round(held / len(flat), 4)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the steps of an evaluation
 # ---------------------------------------------------------------------------------------------------------
@@ -260,6 +276,7 @@ def _run_draft(
         "seconds": round(spec.seconds, 3),
         "tokens_per_s": round(tps, 3),
         "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
+        "vocab_coverage": vocab_coverage(name, base.tokens),
         "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
     }
     if spec.rounds is not None:
