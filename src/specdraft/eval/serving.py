@@ -91,16 +91,15 @@ def vocab_coverage(export_dir: str | Path, tokens: Sequence[Sequence[int]]) -> f
     """The share of ``tokens`` (the target alone's own output) that the export's draft vocabulary holds: no draft
     proposes a token outside it, so this caps every position's acceptance. None when the export has no map
     (``t2d``: its draft vocabulary is the target's, or a DFlash export keeps it elsewhere) or no tokens."""
-    from safetensors import safe_open
+    from specdraft.model.frozen import read_tensors, weight_map
 
-    flat = [t for seq in tokens for t in seq]
-    for f in sorted(Path(export_dir).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as st:
-            if "t2d" in st.keys() and flat:
-                t2d = st.get_tensor("t2d").bool()  # (V,): target id -> in the draft vocabulary
-                held = sum(1 for t in flat if t < t2d.numel() and t2d[t])
-                return round(held / len(flat), 4)
-    return None
+    flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long)  # (N,)
+    wmap = weight_map(export_dir)
+    if not flat.numel() or "t2d" not in wmap:
+        return None
+    t2d = read_tensors(export_dir, ["t2d"], wmap)["t2d"].bool()  # (V,): target id -> in the draft vocabulary
+    held = t2d[flat[flat < t2d.numel()]].sum().item()  # an id past the map is not held
+    return round(held / flat.numel(), 4)
 
 
 # ---------------------------------------------------------------------------------------------------------
