@@ -179,6 +179,39 @@ def test_cache_is_keyed_by_package_and_the_report_names_it(wheels, monkeypatch):
     assert again.dist == "fakeengine-cpu"
 
 
+def test_two_processes_sharing_the_cache_never_empty_each_others_unpack(wheels, monkeypatch):
+    """Two test workers (CI runs -n 2) read one release at once: each key's check, download and unpack is
+    one locked step, so neither empties the directory the other is filling (CI: 'Directory not empty')."""
+    import threading
+    import time
+
+    monkeypatch.setattr(release, "_installed_flavour", lambda engine: "fakeengine")
+    inside, most = [0], [0]
+
+    def slow(dist, version, dest):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        inside[0] -= 1
+        return _offline(dist, version, dest)
+
+    found, errors = [], []
+
+    def read():
+        try:
+            found.append(release.locate("fakeengine==2.0", "fakeengine", download=slow).root)
+        except Exception as e:  # noqa: BLE001 - the thread's failure is the test's
+            errors.append(e)
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and most[0] == 1, (errors, most)
+    assert len(set(found)) == 1 and (found[0] / "fakeengine" / "__init__.py").is_file()
+
+
 def test_engine_name_prefers_the_installed_flavour_and_warns_on_the_other(wheels, monkeypatch):
     monkeypatch.setattr(release, "_installed_flavour", lambda engine: "fakeengine-cpu")
     assert release.locate("fakeengine==2.0", "fakeengine", download=_offline).dist == "fakeengine-cpu"

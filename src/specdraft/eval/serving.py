@@ -90,12 +90,15 @@ def served_method(export_dir: str | Path, k: int) -> tuple[str, int]:
 def vocab_coverage(export_dir: str | Path, tokens: Sequence[Sequence[int]]) -> float | None:
     """The share of ``tokens`` (the target alone's own output) that the export's draft vocabulary holds: no draft
     proposes a token outside it, so this caps every position's acceptance. None when the export has no map
-    (``t2d``: its draft vocabulary is the target's, or a DFlash export keeps it elsewhere) or no tokens."""
+    (``t2d``: its draft vocabulary is the target's, or a DFlash export keeps it elsewhere), no safetensors
+    weights to read it from, or no tokens."""
     from specdraft.model.frozen import read_tensors, weight_map
 
     flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.long)  # (N,)
+    if not flat.numel() or not any(Path(export_dir).glob("*.safetensors")):
+        return None
     wmap = weight_map(export_dir)
-    if not flat.numel() or "t2d" not in wmap:
+    if "t2d" not in wmap:
         return None
     t2d = read_tensors(export_dir, ["t2d"], wmap)["t2d"].bool()  # (V,): target id -> in the draft vocabulary
     held = t2d[flat[flat < t2d.numel()]].sum().item()  # an id past the map is not held

@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,29 +141,61 @@ def sha256_of(path: Path) -> str:
 
 
 def _marker(dest: Path) -> tuple[str, str]:
-    """(wheel name, its SHA-256) recorded in ``dest/.complete``; ('', '') without one."""
+    """(wheel name, its SHA-256) recorded in ``dest/.complete``; ('', '') without one, or when the files it
+    counted are not all there (a directory emptied half-way by an older doctor is unpacked again)."""
     try:
         lines = (dest / ".complete").read_text().split()
     except OSError:
         return "", ""
-    return (lines[0] if lines else ""), (lines[1] if len(lines) > 1 else "")
+    files = sum(1 for p in dest.rglob("*") if p.is_file()) - 1  # (.complete itself not counted)
+    if len(lines) < 3 or lines[2] != str(files):
+        return "", ""
+    return lines[0], lines[1]
+
+
+@contextmanager
+def _exclusive(dest: Path) -> Iterator[None]:
+    """Hold ``dest``'s lock while it is checked, downloaded and unpacked: two processes sharing the cache (two
+    test workers, two doctors) never interleave, so one never empties a directory the other is filling."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as f:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): one process at a time is the user's to keep
+            yield
+            return
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def unpack_wheel(wheel: Path, dest: Path, sha: str = "") -> Path:
     """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once; ``.complete`` records its name
     and the SHA-256 of its bytes. A directory holding another wheel's files (another hash, or none recorded)
     is emptied first: two wheels never mix."""
+    with _exclusive(dest):
+        return _unpack(wheel, dest, sha)
+
+
+def _unpack(wheel: Path, dest: Path, sha: str = "") -> Path:
+    """:func:`unpack_wheel` with ``dest``'s lock held."""
     sha = sha or sha256_of(wheel)
     if _marker(dest) == (wheel.name, sha):
         return dest
+    # unpacked beside it, then renamed into place: a directory with a marker always holds all its files
+    part = dest.parent / f".{dest.name}.partial"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.endswith(".py") or n.endswith(".dist-info/METADATA")]
+        for n in names:
+            z.extract(n, part)
+    (part / ".complete").write_text(f"{wheel.name}\n{sha}\n{len(set(names))}\n")
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as z:
-        for n in z.namelist():
-            if n.endswith(".py") or n.endswith(".dist-info/METADATA"):
-                z.extract(n, dest)
-    (dest / ".complete").write_text(f"{wheel.name}\n{sha}\n")
+    part.rename(dest)
     return dest
 
 
@@ -229,6 +262,12 @@ Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
 def cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
     """(unpacked dir, wheel name, error) of ``dist==version``, keyed by package and version."""
     dest = cache_dir() / f"{canon(dist)}=={version}"
+    with _exclusive(dest):
+        return _cached(dist, version, download, dest)
+
+
+def _cached(dist: str, version: str, download: Downloader, dest: Path) -> tuple[Path, str, str]:
+    """:func:`cached` with ``dest``'s lock held."""
     wheel_name, sha = _marker(dest)
     if (
         sha
@@ -244,7 +283,7 @@ def cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, st
     wheel, err = download(dist, version, cache_dir() / "wheels")
     if wheel is None:
         return dest, "", err
-    return unpack_wheel(wheel, dest), wheel.name, ""
+    return _unpack(wheel, dest), wheel.name, ""
 
 
 def _from_index(dist: str, version: str, engine: str, download: Downloader) -> tuple[Path, str, str, str]:
