@@ -56,6 +56,9 @@ ARMS = {  # name: what changes against BASE
     "epochs2": {"epochs": 2},  # the same data twice
     "ema995": {"ema": 0.995},  # a longer weight average (~200 of the ~1,000 steps at 142k reply tokens)
     "lr2e3": {"lr": 2e-3},
+    # one step a batch (the recipe takes 2, each scoring half of every row): with epochs2, two passes over the
+    # data for about the compute of the recipe's one (each context run twice either way)
+    "spb1": {"steps_per_batch": 1},
     # the draft vocabulary: 8192 rows cover 88% of the target's own greedy tokens on MT-bench (their misses are
     # content words: ' orbital', ' majestic', ...), which no draft can propose; lm_head starts at the target's rows
     "vocab16k": {"draft_vocab_size": 16384},
