@@ -3,18 +3,20 @@ quickstart's settings, every draft served by vLLM behind the target (tau, batch-
 
     python benchmarks/draft_quality.py --shards runs/quickstart/hidden_states [--arms lk,nla,eagle31,...]
                                        [--seeds 0] [--base-run runs/quickstart/train] [--prompts 80]
-                                       [--batch1-prompts 8] [--batch1-rounds 3] [--out DIR]
+                                       [--batch1-prompts 8] [--batch1-rounds 3] [--snapshots 2,3] [--out DIR]
 
-`--shards`: an extraction of the embedded default (the quickstart's: 240 ShareGPT conversations of at most
-1024 tokens, 142k reply tokens; a larger one for the second data size). Every arm trains one epoch with the
-quickstart's settings (draft vocabulary 8192, 3 TTT steps, lr 1e-3, 512 tokens a step, constant, 5% held out,
-the small-run recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 steps a batch, fc-init high, EMA 0.99) and the
-changes its row of ARMS names, with seed N for `ARM_sN`. `--base-run` adopts an existing run with the base
-settings (the quickstart's own train/, trained from the same shards) as `base_s0` instead of training it again.
-An `--out` kept from an earlier run reuses every arm trained and exported there; each call serves the arms it
-names (one vLLM run: the target alone, then each draft; k = 3, greedy, 64 new tokens, 80 MT-bench first turns)
-and prints the table: arm, seed, training seconds, validation accuracy of TTT step 0, vLLM tau, acceptance per
-position, batch-1 tokens/s against the target alone, lossless. Nothing asserts on time.
+`--shards`: an extraction of the embedded default (the quickstart's: 240 ShareGPT conversations of at most 1024
+tokens, 142k reply tokens; a larger one for the second data size). Every arm trains one epoch with the quickstart's
+settings (draft vocabulary 8192, 3 TTT steps, lr 1e-3, 512 tokens a step, constant, 5% held out, the small-run
+recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 steps a batch, fc-init high, EMA
+0.99) and the changes its row of ARMS names, with seed N for `ARM_sN`. `--base-run` adopts an existing run with the
+base settings as `base_s0` instead of training it again, and `--adopt ARM_sN=RUN` any arm's (the quickstart's own
+train/, trained from the same shards with today's budget, is `kl+muon+epochs2+spb1_s0`). `--snapshots 2,3` serves an
+arm of more epochs after 2 and 3 of them too (one run, stopped, exported and resumed). An `--out` kept from an
+earlier run reuses every arm trained and exported there; each call serves the arms it names (one vLLM run: the
+target alone, then each draft; k = 3, greedy, 64 new tokens, 80 MT-bench first turns) and prints the table: arm,
+seed, training seconds, validation accuracy of TTT step 0, vLLM tau, acceptance per position, batch-1 tokens/s
+against the target alone, lossless. Nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from specdraft.data.store import ShardSet
 from specdraft.eval.serving import evaluate_vllm
 from specdraft.export import export
+from specdraft.train.batches import plan_batches, split_sids
 from specdraft.train.config import SMALL_RUN, TrainConfig
 from specdraft.train.loop import train
 
@@ -54,6 +58,8 @@ ARMS = {  # name: what changes against BASE
     "muon": {"optimizer": "muon"},
     # around today's recipe (kl+muon): the optimizer's own settings, re-tuned at Muon and the soft loss
     "epochs2": {"epochs": 2},  # the same data twice
+    "epochs3": {"epochs": 3},  # three times, and four: where more passes over 142k reply tokens stop paying
+    "epochs4": {"epochs": 4},
     "ema995": {"ema": 0.995},  # a longer weight average (~200 of the ~1,000 steps at 142k reply tokens)
     "lr2e3": {"lr": 2e-3},
     # one step a batch (the recipe takes 2, each scoring half of every row): with epochs2, two passes over the
@@ -80,26 +86,66 @@ def settings(arm: str) -> tuple[str, TrainConfig]:
 
 
 def _val_acc(run: Path) -> float | None:
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    val = [r for r in recs if r.get("split") == "val"]
+    val = [r for r in _records(run) if r.get("split") == "val"]
     return round(val[-1]["acc"][0], 4) if val and val[-1].get("acc") else None
 
 
-def trained(root: Path, label: str, cfg: TrainConfig, shards: str, base_run: str) -> dict:
-    """Train (unless done) and export one arm; its row so far."""
-    run, exp = root / f"train-{label}", root / f"export-{label}"
-    if label == "base_s0" and base_run and not run.exists():
-        run.symlink_to(Path(base_run).resolve())
-    t_file = run / "bench_train_s.json"
-    if not (run / "final" / "config.json").exists():
-        t0 = time.perf_counter()
-        train(shards, str(run), replace(cfg, resume=(run / "checkpoints").exists()))
-        t_file.write_text(json.dumps(round(time.perf_counter() - t0, 1)))
-    if not (exp / "config.json").exists():
-        shutil.rmtree(exp, ignore_errors=True)
-        assert export(str(run), str(exp), format="speculators", k=3, check_vllm=False) == 0
-    secs = json.loads(t_file.read_text()) if t_file.exists() else None
-    return {"arm": label, "train_s": secs, "val_acc0": _val_acc(run), "export": str(exp)}
+def steps_per_epoch(shards: str, cfg: TrainConfig) -> int:
+    """The optimizer steps of one epoch of `cfg` on `shards`: the trainer's own plan (`train.loop._plan`: the same
+    length cut, validation split and batching; one rank). Checked against the run's own records after training."""
+    ss = ShardSet.open([p for p in shards.split(",") if p])
+    sids = ss.sample_ids()[: cfg.max_samples or None]
+    lengths = {s: min(ss.length(s), cfg.max_length) for s in sids if ss.length(s) >= 3}
+    train_sids, _ = split_sids(sorted(lengths), cfg.val_fraction, cfg.seed)
+    return len(plan_batches(train_sids, lengths, cfg.max_tokens, 1, cfg.seed)) * cfg.steps_per_batch
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _steps_done(run: Path) -> int:
+    """The last optimizer step the run recorded (0 before its first)."""
+    if not (run / "metrics.jsonl").exists():
+        return 0
+    return max((r["step"] for r in _records(run) if r.get("split") == "train"), default=0)
+
+
+def trained(root: Path, label: str, cfg: TrainConfig, shards: str, adopted: dict[str, str],
+            snapshots: list[int]) -> list[dict]:  # fmt: skip
+    """Train (unless done or adopted) and export one arm; its rows so far: one per epoch of `snapshots` below the
+    arm's epochs (`LABEL-eE`: the run stopped after E epochs, exported, and resumed, which is exact: the schedule
+    is constant after warmup and the data order is per epoch), then the arm's own."""
+    run = root / f"train-{label}"
+    if label in adopted and not run.exists():
+        run.symlink_to(Path(adopted[label]).resolve())
+    stops = sorted(e for e in set(snapshots) if 0 < e < cfg.epochs) + [cfg.epochs]
+    per_epoch = steps_per_epoch(shards, cfg) if len(stops) > 1 else 0  # 0: one stop, the run's end
+    rows, t_file = [], run / "bench_train_s.json"
+    for e in stops:
+        name, target = (label if e == cfg.epochs else f"{label}-e{e}"), e * per_epoch
+        exp = root / f"export-{name}"
+        if not (exp / "config.json").exists():
+            if not (run / "final" / "config.json").exists() or _steps_done(run) < target:
+                spent = json.loads(t_file.read_text()) if t_file.exists() else 0.0
+                t0 = time.perf_counter()
+                train(shards, str(run), replace(cfg, max_steps=target if e < cfg.epochs else 0,
+                                                resume=(run / "checkpoints").exists()))  # fmt: skip
+                t_file.write_text(json.dumps(round(spent + time.perf_counter() - t0, 1)))
+            # the trainer's plan and ours differ, or the run went past this snapshot before
+            if target and _steps_done(run) != target:
+                raise SystemExit(f"{label}: the run is at step {_steps_done(run)}, not {target} ({e} epochs): train "
+                                 "it again in a new --out")  # fmt: skip
+            shutil.rmtree(exp, ignore_errors=True)
+            assert export(str(run), str(exp), format="speculators", k=3, check_vllm=False) == 0
+            secs = json.loads(t_file.read_text()) if t_file.exists() else None
+            row = {"arm": name, "train_s": secs, "val_acc0": _val_acc(run)}
+            (exp / "bench_row.json").write_text(json.dumps(row))
+        row_file = exp / "bench_row.json"  # absent for an export made before snapshots were kept
+        row = json.loads(row_file.read_text()) if row_file.exists() else {"arm": name, "train_s": None,
+                                                                           "val_acc0": _val_acc(run)}  # fmt: skip
+        rows.append({**row, "export": str(exp)})
+    return rows
 
 
 def main() -> None:
@@ -110,6 +156,11 @@ def main() -> None:
     )
     p.add_argument("--seeds", default="0", help="comma-separated seeds of every arm")
     p.add_argument("--base-run", default="", help="a finished run with the base settings, adopted as base_s0")
+    p.add_argument("--adopt", action="append", default=[], metavar="ARM_sN=RUN",
+                   help="a finished run with that arm's settings (the quickstart's train/: kl+muon+epochs2+spb1_s0), "
+                        "adopted instead of trained again; repeatable")  # fmt: skip
+    p.add_argument("--snapshots", default="", metavar="E,E",
+                   help="also serve each arm after these epochs (below its own): the run stopped there, exported, resumed")  # fmt: skip
     p.add_argument("--prompts", type=int, default=80)
     p.add_argument("--batch1-prompts", type=int, default=8)
     p.add_argument(
@@ -122,14 +173,17 @@ def main() -> None:
     a = p.parse_args()
     root = Path(a.out)
     root.mkdir(parents=True, exist_ok=True)
+    snapshots = [int(e) for e in a.snapshots.split(",") if e]
+    adopted = dict(x.split("=", 1) for x in a.adopt) | ({"base_s0": a.base_run} if a.base_run else {})
     rows = []
     for arm in a.arms.split(","):
         for seed in a.seeds.split(",") if "_s" not in arm else [""]:  # an arm named with its seed keeps it
             label, cfg = settings(f"{arm}_s{seed}" if seed else arm)
             print(f"=== {label}: {', '.join(f'{k}={v}' for k, v in sorted(vars(cfg).items()) if getattr(BASE, k) != v)}",
                   flush=True)  # fmt: skip
-            rows.append(trained(root, label, cfg, a.shards, a.base_run))
-            print(json.dumps(rows[-1]), flush=True)
+            for row in trained(root, label, cfg, a.shards, adopted, snapshots):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if a.train_only:
         return
     rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=a.k, max_new_tokens=64,
