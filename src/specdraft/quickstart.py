@@ -83,7 +83,7 @@ BUDGETS = {
     # batch: +0.026 tau over one epoch at the recipe's two, on two seeds, for ~1.35x the training time (issue 45)
     "default": Budget(
         240, 1024, 2, 8192, 3, 8, 64, 3, 0, 80, 4, 1e-3, 512, "constant", True, 3, 1
-    ),  # ~26 min
+    ),  # ~28 min (28.5 from a fresh clone, 2026-12-05: vLLM tau 1.341, batch 1 x1.28)
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
