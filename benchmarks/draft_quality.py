@@ -139,13 +139,46 @@ def trained(root: Path, label: str, cfg: TrainConfig, shards: str, adopted: dict
             shutil.rmtree(exp, ignore_errors=True)
             assert export(str(run), str(exp), format="speculators", k=3, check_vllm=False) == 0
             secs = json.loads(t_file.read_text()) if t_file.exists() else None
-            row = {"arm": name, "train_s": secs, "val_acc0": _val_acc(run)}
+            row = {"arm": name, "epochs": e, "train_s": secs, "val_acc0": _val_acc(run)}
             (exp / "bench_row.json").write_text(json.dumps(row))
         row_file = exp / "bench_row.json"  # absent for an export made before snapshots were kept
         row = json.loads(row_file.read_text()) if row_file.exists() else {"arm": name, "train_s": None,
                                                                            "val_acc0": _val_acc(run)}  # fmt: skip
-        rows.append({**row, "export": str(exp)})
+        rows.append({**row, "epochs": e, "export": str(exp)})
     return rows
+
+
+def plot_epochs(rows: list[dict], png: Path) -> Path | None:
+    """tau against passes over the data: a line per arm served after several epochs (`--snapshots`), a point per
+    other arm, each labelled with its training seconds; None when no arm has two points."""
+    lines: dict[str, list[dict]] = {}
+    for r in rows:
+        name, _, seed = r["arm"].rpartition("_s")
+        lines.setdefault(f"{name.split('-e')[0]}_s{seed.split('-e')[0]}", []).append(r)
+    lines = {k: sorted(v, key=lambda r: r["epochs"]) for k, v in lines.items()}
+    if all(len(v) < 2 for v in lines.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, pts in lines.items():
+        ax.plot([r["epochs"] for r in pts], [r["tau"] for r in pts], marker="o", label=name)
+        for r in pts:
+            if r.get("train_s"):
+                ax.annotate(f"{r['train_s']:.0f} s", (r["epochs"], r["tau"]), textcoords="offset points",
+                            xytext=(4, -12), fontsize=8)  # fmt: skip
+    ax.set_xlabel("epochs over the same data")
+    ax.set_ylabel(f"vLLM tau (k = {rows[0].get('k', 3)}, 80 MT-bench first turns)")
+    ax.set_xticks(sorted({r["epochs"] for pts in lines.values() for r in pts}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 def main() -> None:
@@ -209,6 +242,9 @@ def main() -> None:
         print(f"{r['arm']:<24}{r['train_s'] or '-':>8}{r['val_acc0'] or '-':>9}{r['tau']:>9.3f}{speed:>8}{cost or '-':>7}  "
               f"{acc}, {'lossless' if r['lossless'] else 'NOT LOSSLESS'}")  # fmt: skip
     (root / f"table-{a.serve_out}.json").write_text(json.dumps(rows, indent=1))
+    png = plot_epochs(rows, root / f"tau-by-epochs-{a.serve_out}.png")
+    if png:
+        print(f"tau by epochs: {png}")
 
 
 if __name__ == "__main__":
