@@ -138,14 +138,17 @@ def trained(root: Path, label: str, cfg: TrainConfig, shards: str, adopted: dict
                                  "it again in a new --out")  # fmt: skip
             shutil.rmtree(exp, ignore_errors=True)
             assert export(str(run), str(exp), format="speculators", k=3, check_vllm=False) == 0
-            secs = json.loads(t_file.read_text()) if t_file.exists() else None
-            row = {"arm": name, "epochs": e, "train_s": secs, "val_acc0": _val_acc(run)}
-            (exp / "bench_row.json").write_text(json.dumps(row))
+            (exp / "bench_row.json").write_text(json.dumps(_row(name, run, t_file)))
         row_file = exp / "bench_row.json"  # absent for an export made before snapshots were kept
-        row = json.loads(row_file.read_text()) if row_file.exists() else {"arm": name, "train_s": None,
-                                                                           "val_acc0": _val_acc(run)}  # fmt: skip
+        row = json.loads(row_file.read_text()) if row_file.exists() else _row(name, run, t_file)
         rows.append({**row, "epochs": e, "export": str(exp)})
     return rows
+
+
+def _row(name: str, run: Path, t_file: Path) -> dict:
+    """An arm's row as its run stands now: training seconds so far, validation accuracy of TTT step 0."""
+    secs = json.loads(t_file.read_text()) if t_file.exists() else None
+    return {"arm": name, "train_s": secs, "val_acc0": _val_acc(run)}
 
 
 def plot_epochs(rows: list[dict], png: Path) -> Path | None:
