@@ -58,12 +58,15 @@ class Budget:
     recipe: bool = False  # train with SMALL_RUN, the settings the scaling curve measured
     batch1_rounds: int = 1  # vLLM: batch-1 measurements interleaved with the target alone's (eval/batch1.py)
     steps_per_batch: int = 0  # optimizer steps a batch with the recipe (0: the recipe's own, 2)
+    optimizer: str = ""  # the recipe's optimizer replaced ("": the recipe's own, muon)
 
     def train_recipe(self) -> dict:
-        """The small-run settings this budget trains with: SMALL_RUN and its own steps a batch ({} off)."""
+        """The small-run settings this budget trains with: SMALL_RUN with its own steps a batch and optimizer
+        where set ({} off)."""
         if not self.recipe:
             return {}
-        return {**SMALL_RUN, **({"steps_per_batch": self.steps_per_batch} if self.steps_per_batch else {})}
+        own = {"steps_per_batch": self.steps_per_batch, "optimizer": self.optimizer}
+        return {**SMALL_RUN, **{k: v for k, v in own.items() if v}}
 
 
 #: the small-run recipe (docs/experiments.md): the settings of the scaling curve's runs (benchmarks/ablate.py's best
@@ -79,11 +82,13 @@ BUDGETS = {
     # default: what a fresh clone's 30 minutes on 2 cores buy, chosen from the measured scaling curve
     # (docs/experiments.md, "The quickstart's budget"): ~142k ShareGPT reply tokens (240 conversations,
     # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
-    # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80). Two epochs at one step a
-    # batch: +0.026 tau over one epoch at the recipe's two, on two seeds, for ~1.35x the training time (issue 45)
+    # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80). Two epochs at the recipe's
+    # two steps a batch with AdamW for its Muon: per token Muon trains better, but its Newton-Schulz is a third
+    # of a CPU step; AdamW's two epochs reach 1.357 and 1.355 (two seeds) in the time Muon's reach 1.341 at one
+    # step a batch (issue 45, benchmarks/draft_quality.py arms kl+epochs2 and kl+muon+epochs2+spb1)
     "default": Budget(
-        240, 1024, 2, 8192, 3, 8, 64, 3, 0, 80, 4, 1e-3, 512, "constant", True, 3, 1
-    ),  # ~28 min (28.5 from a fresh clone, 2026-12-05: vLLM tau 1.341, batch 1 x1.28)
+        240, 1024, 2, 8192, 3, 8, 64, 3, 0, 80, 4, 1e-3, 512, "constant", True, 3, 0, "adamw"
+    ),  # ~28 min (28.5 from a fresh clone with Muon at one step a batch, 2026-12-05: tau 1.341, batch 1 x1.28)
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
