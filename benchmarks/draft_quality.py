@@ -11,8 +11,9 @@ settings (draft vocabulary 8192, 3 TTT steps, lr 1e-3, 512 tokens a step, consta
 recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 steps a batch, fc-init high, EMA
 0.99) and the changes its row of ARMS names, with seed N for `ARM_sN`. `--base-run` adopts an existing run with the
 base settings as `base_s0` instead of training it again, and `--adopt ARM_sN=RUN` any arm's (the quickstart's own
-train/, trained from the same shards with today's budget, is `kl+muon+epochs2+spb1_s0`). `--snapshots 2,3` serves an
-arm of more epochs after 2 and 3 of them too (one run, stopped, exported and resumed). An `--out` kept from an
+train/, trained from the same shards with today's budget, is `kl+epochs2_s0`; before 2026-12-06,
+`kl+muon+epochs2+spb1_s0`). `--snapshots 2,3` serves an arm of more epochs after 2 and 3 of them too (one run,
+stopped, exported and resumed). An `--out` kept from an
 earlier run reuses every arm trained and exported there; each call serves the arms it names (one vLLM run: the
 target alone, then each draft; k = 3, greedy, 64 new tokens, 80 MT-bench first turns) and prints the table: arm,
 seed, training seconds, validation accuracy of TTT step 0, vLLM tau, acceptance per position, batch-1 tokens/s
@@ -193,7 +194,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0", help="comma-separated seeds of every arm")
     p.add_argument("--base-run", default="", help="a finished run with the base settings, adopted as base_s0")
     p.add_argument("--adopt", action="append", default=[], metavar="ARM_sN=RUN",
-                   help="a finished run with that arm's settings (the quickstart's train/: kl+muon+epochs2+spb1_s0), "
+                   help="a finished run with that arm's settings (the quickstart's train/: kl+epochs2_s0), "
                         "adopted instead of trained again; repeatable")  # fmt: skip
     p.add_argument("--snapshots", default="", metavar="E,E",
                    help="also serve each arm after these epochs (below its own): the run stopped there, exported, resumed")  # fmt: skip
