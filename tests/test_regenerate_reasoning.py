@@ -167,6 +167,23 @@ def test_a_reply_with_a_think_block_keeps_its_reasoning_and_prepare_trains_on_it
     assert kinds["reasoning"] > 0 and kinds["content"] > 0
 
 
+def test_each_turn_of_a_chunk_reports_its_progress(hybrid_dir):
+    """A chunk's conversations are counted when it is written; its turns report as they finish (the progress bar's
+    turn and tokens), so a long chunk does not sit at 0% for minutes."""
+    tok = load_tokenizer(str(hybrid_dir))
+    gen = Scripted(tok, "the answer")
+    rows = conversations(4, seed=1)
+    seen: list[tuple[int, int]] = []
+    convs, tot = regenerate_chunk(_convs(rows), gen, Prompting(tok, {}, 2048, CONTEXT), Sampling(max_new_tokens=64),
+                                  "all", seed=0, on_turn=lambda j, t: seen.append((j, t.reply_tokens)))  # fmt: skip
+    most = max(sum(m["role"] == "user" for m in c.messages) for c in convs)
+    assert most > 1 and [j for j, _ in seen] == list(range(most))
+    per_reply = len(gen.reply) - 1  # the reply's tokens, its end-of-turn id not counted
+    replies = [sum(sum(m["role"] == "user" for m in c.messages) > j for c in convs) for j in range(most)]
+    assert [n for _, n in seen] == [per_reply * sum(replies[: j + 1]) for j in range(most)]
+    assert seen[-1][1] == tot.reply_tokens
+
+
 def test_a_prompt_that_opens_the_think_block_gets_its_reasoning_split_at_the_close():
     tok = standin_tokenizer("deepseek_r1")  # the generation prompt ends with `<think>\n`
     gen = Scripted(tok, "step one\n</think>\n\nthe answer")

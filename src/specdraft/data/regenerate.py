@@ -39,6 +39,7 @@ import importlib.util
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -193,9 +194,11 @@ def plain_user_turns(messages: list[dict]) -> list[dict]:
 
 
 def regenerate_chunk(
-    convs: list[Conversation], gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int
-) -> tuple[list[Conversation], Totals]:
-    """Regenerate a chunk of conversations turn by turn, all conversations of the chunk batched per turn.
+    convs: list[Conversation], gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int,
+    on_turn: Callable[[int, Totals], None] | None = None,
+) -> tuple[list[Conversation], Totals]:  # fmt: skip
+    """Regenerate a chunk of conversations turn by turn, all conversations of the chunk batched per turn;
+    `on_turn(j, totals so far)` after each turn (progress within a chunk).
 
     Each conversation keeps its leading system message, its tools and its user turns up to the first the data
     answers with a tool call (`plain_user_turns`); turn j's prompt is the conversation so far with the
@@ -243,6 +246,8 @@ def regenerate_chunk(
             tot.with_reasoning += bool(reasoning)
             tot.reply_tokens += len(r.ids)
         alive = batch
+        if on_turn is not None:
+            on_turn(j, tot)
     out = [
         Conversation(d, c.tools)
         for d, c in zip(done, convs, strict=True)
@@ -500,8 +505,19 @@ def _run_chunks(
 ) -> None:
     bar = tqdm(total=sum(len(chunks[k]) for k in todo), unit="conv", desc="regenerate", mininterval=1.0)
     t0, ntok = time.time(), 0
+
+    def rate(tokens: int) -> str:
+        return f"{tokens / max(time.time() - t0, 1e-9):.1f}"
+
     for k in todo:
-        convs, tot = regenerate_chunk(chunks[k], gen, prompting, sampling, turns, seed * 100_003 + k)
+        # conversations count when their chunk is written; the chunk's turns show as they finish
+        def turn_done(j: int, tot: Totals, k: int = k, before: int = ntok) -> None:
+            n = before + tot.reply_tokens
+            bar.set_postfix(chunk=k, turn=j + 1, tokens=n, tok_s=rate(n))
+
+        convs, tot = regenerate_chunk(
+            chunks[k], gen, prompting, sampling, turns, seed * 100_003 + k, turn_done
+        )
         lines = "".join(json.dumps({"messages": c.messages, **({"tools": c.tools} if c.tools else {}), "chunk": k})
                         + "\n" for c in convs)  # fmt: skip
         # the totals first: a chunk without them counts as not done (_chunk_done)
@@ -509,7 +525,7 @@ def _run_chunks(
         atomic_write_text(root / f"chunk-{k:05d}.jsonl", lines)
         ntok += tot.reply_tokens
         bar.update(len(chunks[k]))
-        bar.set_postfix(tok_s=f"{ntok / max(time.time() - t0, 1e-9):.1f}")
+        bar.set_postfix(tokens=ntok, tok_s=rate(ntok))
     bar.close()
 
 
