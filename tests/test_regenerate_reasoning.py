@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from specdraft.data.regenerate import (
     SETTINGS_FILE,
     Prompting,
     Sampling,
+    loops,
     regenerate,
     regenerate_chunk,
     render,
@@ -165,6 +167,42 @@ def test_a_reply_with_a_think_block_keeps_its_reasoning_and_prepare_trains_on_it
     prepare(str(data), str(tmp_path / "ds"), target=str(hybrid_dir))
     kinds = json.loads((tmp_path / "ds" / "manifest.json").read_text())["loss_tokens_by_kind"]
     assert kinds["reasoning"] > 0 and kinds["content"] > 0
+
+
+def test_replies_that_repeat_themselves_are_counted(hybrid_dir):
+    """A greedy small target loops until the token limit (73% of the regenerated tokens in docs/experiments.md):
+    such replies are counted, with their tokens, for the run's warning."""
+    assert loops([5, 6, 7] * 20) and not loops(list(range(100))) and not loops([1] * 15)  # too short to judge
+    tok = load_tokenizer(str(hybrid_dir))
+    prompting, sampling = Prompting(tok, {}, 2048, CONTEXT), Sampling(max_new_tokens=400)
+    looping = Scripted(tok, "Sure. " + "The answer is yes and the answer is no. " * 20)
+    _, tot = regenerate_chunk(_convs(conversations(3, seed=1)), looping, prompting, sampling, "first", seed=0)
+    assert tot.looping == 3 and tot.looping_tokens == tot.reply_tokens > 0
+    plain = Scripted(tok, " ".join(f"item {i} is {i * i}," for i in range(30)))
+    _, tot = regenerate_chunk(_convs(conversations(3, seed=1)), plain, prompting, sampling, "first", seed=0)
+    assert tot.looping == tot.looping_tokens == 0 and tot.reply_tokens > 0
+
+
+@pytest.mark.parametrize("looping_tokens, warned", [(300, True), (50, False)])
+def test_a_run_mostly_of_loops_is_warned_of_with_the_fix(tmp_path, capsys, looping_tokens, warned):
+    """The run's report warns, with what to change, when over a tenth of the reply tokens are in looping replies;
+    the totals in regenerate.json count them across chunks (a chunk written before the count existed: 0)."""
+    from specdraft.data.regenerate import Totals, _finish
+    from specdraft.data.sources import ReadReport
+
+    for k, tot in enumerate(
+        [Totals(reply_tokens=500, looping=2, looping_tokens=looping_tokens), Totals(reply_tokens=500)]
+    ):
+        (tmp_path / f"chunk-{k:05d}.jsonl").write_text("")
+        totals = {n: v for n, v in asdict(tot).items() if k == 0 or not n.startswith("looping")}
+        (tmp_path / f".chunk-{k:05d}.totals.json").write_text(json.dumps(totals))
+    _finish(tmp_path, {"chat_template_kwargs": {}}, 2, ReadReport())
+    out = capsys.readouterr().out
+    assert (
+        "--temperature 0.7" in out and f"2 replies ({looping_tokens} of the 1000 tokens)" in out
+    ) is warned
+    meta = json.loads((tmp_path / SETTINGS_FILE).read_text())["totals"]
+    assert (meta["looping"], meta["looping_tokens"], meta["reply_tokens"]) == (2, looping_tokens, 1000)
 
 
 def test_each_turn_of_a_chunk_reports_its_progress(hybrid_dir):

@@ -26,7 +26,7 @@ Files of OUT:
                           written once the engine runs (a rerun with other settings is refused while a chunk is
                           there; a run that wrote no chunk may start over with other settings), then the
                           totals: replies by stop reason, replies with reasoning, tokens, conversations cut at a
-                          tool call, dropped records by reason
+                          tool call, replies that repeat themselves (`loops`: warned of), dropped records by reason
     conversations.jsonl   all chunks in input order, written when the last chunk is done
 
 Resume: rerun the same command; chunks already written are kept, the rest generated. Each chunk draws
@@ -98,6 +98,21 @@ class Totals:
     reply_tokens: int = 0
     cut_short: int = 0  # conversations ended early because the next prompt was too long
     tool_cut: int = 0  # conversations ended before their first tool call (see the module docstring)
+    looping: int = 0  # replies that repeat themselves (`loops`)
+    looping_tokens: int = 0  # their tokens
+
+
+#: a reply loops when over this share of its LOOP_N-token windows repeat an earlier one (a greedy small target
+#: cut at the token limit: 198 of the 227 such SmolLM2-135M replies in docs/experiments.md; 8 of 208 that ended)
+LOOP_SHARE, LOOP_N = 0.5, 8
+
+
+def loops(ids: list[int]) -> bool:
+    """Whether a reply repeats itself: over LOOP_SHARE of its LOOP_N-token windows seen earlier in it."""
+    if len(ids) < 2 * LOOP_N:
+        return False
+    windows = [tuple(ids[i : i + LOOP_N]) for i in range(len(ids) - LOOP_N + 1)]
+    return 1 - len(set(windows)) / len(windows) > LOOP_SHARE
 
 
 class HFGenerator:
@@ -245,6 +260,8 @@ def regenerate_chunk(
             tot.replies[r.stop] += 1
             tot.with_reasoning += bool(reasoning)
             tot.reply_tokens += len(r.ids)
+            if loops(r.ids):
+                tot.looping, tot.looping_tokens = tot.looping + 1, tot.looping_tokens + len(r.ids)
         alive = batch
         if on_turn is not None:
             on_turn(j, tot)
@@ -536,7 +553,8 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
     for k in range(n_chunks):
         parts.append((root / f"chunk-{k:05d}.jsonl").read_text())
         t = json.loads((root / f".chunk-{k:05d}.totals.json").read_text())
-        for name in ("conversations", "with_reasoning", "reply_tokens", "cut_short", "tool_cut"):
+        for name in ("conversations", "with_reasoning", "reply_tokens", "cut_short", "tool_cut", "looping",
+                     "looping_tokens"):  # fmt: skip
             setattr(
                 total, name, getattr(total, name) + t.get(name, 0)
             )  # a chunk written before a total existed: 0
@@ -554,4 +572,10 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
           + (f"; {total.tool_cut} conversations ended before their first tool call" if total.tool_cut else "")
           + (f"; chat template kwargs {json.dumps(kwargs)} (prepare with the same)" if kwargs else "")
           + (f"; dropped: {drops}" if drops else ""))  # fmt: skip
+    if total.looping_tokens * 10 > total.reply_tokens:  # over a tenth of the tokens
+        print(f"regenerate: warning: {total.looping} replies ({total.looping_tokens} of the {total.reply_tokens} "
+              f"tokens) repeat themselves (over half their {LOOP_N}-token windows seen earlier in the reply): a "
+              "draft trained on them learns the loops (docs/experiments.md: such data trained a worse draft than "
+              "the original replies). Sample instead of greedy (--temperature 0.7), lower --max-new-tokens, or "
+              "train on the data's own replies", flush=True)  # fmt: skip
     return root / OUTPUT_FILE
