@@ -40,7 +40,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -100,6 +100,10 @@ class Totals:
     tool_cut: int = 0  # conversations ended before their first tool call (see the module docstring)
     looping: int = 0  # replies that repeat themselves (`loops`)
     looping_tokens: int = 0  # their tokens
+
+
+#: the counts of Totals summed over chunks (replies, by stop reason, is summed per reason)
+COUNTS = tuple(f.name for f in fields(Totals) if f.name != "replies")
 
 
 #: a reply loops when over this share of its LOOP_N-token windows repeat an earlier one (a greedy small target
@@ -553,11 +557,8 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
     for k in range(n_chunks):
         parts.append((root / f"chunk-{k:05d}.jsonl").read_text())
         t = json.loads((root / f".chunk-{k:05d}.totals.json").read_text())
-        for name in ("conversations", "with_reasoning", "reply_tokens", "cut_short", "tool_cut", "looping",
-                     "looping_tokens"):  # fmt: skip
-            setattr(
-                total, name, getattr(total, name) + t.get(name, 0)
-            )  # a chunk written before a total existed: 0
+        for name in COUNTS:  # a chunk written before a count existed: 0
+            setattr(total, name, getattr(total, name) + t.get(name, 0))
         for s, n in t["replies"].items():
             total.replies[s] += n
     atomic_write_text(root / OUTPUT_FILE, "".join(parts))
