@@ -13,11 +13,10 @@ recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 
 base settings as `base_s0` instead of training it again, and `--adopt ARM_sN=RUN` any arm's (the quickstart's own
 train/, trained from the same shards with today's budget, is `kl+epochs2_s0`; before 2026-12-06,
 `kl+muon+epochs2+spb1_s0`). `--snapshots 2,3` serves an arm of more epochs after 2 and 3 of them too (one run,
-stopped, exported and resumed). An `--out` kept from an
-earlier run reuses every arm trained and exported there; each call serves the arms it names (one vLLM run: the
-target alone, then each draft; k = 3, greedy, 64 new tokens, 80 MT-bench first turns) and prints the table: arm,
-seed, training seconds, validation accuracy of TTT step 0, vLLM tau, acceptance per position, batch-1 tokens/s
-against the target alone, lossless. Nothing asserts on time.
+stopped, exported and resumed). An `--out` kept from an earlier run reuses every arm trained and exported there;
+each call serves the arms it names (one vLLM run: the target alone, then each draft; k = 3, greedy, 64 new
+tokens, 80 MT-bench first turns) and prints the table: arm, seed, training seconds, validation accuracy of TTT step
+0, vLLM tau, acceptance per position, batch-1 tokens/s against the target alone, lossless. Nothing asserts on time.
 """
 
 from __future__ import annotations
