@@ -341,6 +341,8 @@ if len(sys.argv) > 4:  # stopped after that step (an interrupted run)
     train_dflash(sys.argv[1], sys.argv[2], cfg, _stop_at=int(sys.argv[4]))
 else:
     train(sys.argv[1], sys.argv[2], cfg)
+import torch.distributed as dist  # the run left the process group it joined (else gloo's threads may abort the exit)
+assert not dist.is_initialized(), "train left its process group joined"
 """
 
 

@@ -19,12 +19,15 @@ BASE = dict(draft_vocab_size=128, ttt_steps=3, max_tokens=1024, max_length=128, 
 SCRIPT = f"BASE = {BASE!r}\n" + textwrap.dedent(
     """
     import json, sys
+    import torch.distributed as dist
     from specdraft.train.config import TrainConfig
     from specdraft.train.loop import train
 
     shards, out, fsdp, over = sys.argv[1], sys.argv[2], sys.argv[3] == "1", json.loads(sys.argv[4])
     cfg = TrainConfig(**{**BASE, "fsdp": fsdp, **over})
     train(shards, out, cfg)
+    # the run left the process group it joined: a process exiting with gloo's threads running may abort (SIGABRT)
+    assert not dist.is_initialized(), "train left its process group joined"
     """
 )
 

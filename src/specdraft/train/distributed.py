@@ -5,6 +5,7 @@ Every helper is a no-op in a single process, so the loop reads the same with one
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -28,6 +29,19 @@ def _init_distributed(device: str) -> tuple[int, int, torch.device]:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return dist.get_rank(), dist.get_world_size(), dev
+
+
+@contextlib.contextmanager
+def leaving_process_group():
+    """Around a run (or on its function): the process group `_init_distributed` joined during it is left at its end, failed or not
+    (a process that exits with gloo's threads still running can abort after its work is done: "terminate called
+    without an active exception", SIGABRT); a group that was there before is its creator's to leave."""
+    before = dist.is_initialized()
+    try:
+        yield
+    finally:
+        if not before and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def wrap_model(model: nn.Module, world: int, fsdp: bool, device: torch.device) -> nn.Module:

@@ -48,7 +48,14 @@ from specdraft.train.checkpoint import (
     disk_errors_named,
 )
 from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings, with_own_loss
-from specdraft.train.distributed import _all_min, _all_sum, _init_distributed, barrier, wrap_model
+from specdraft.train.distributed import (
+    _all_min,
+    _all_sum,
+    _init_distributed,
+    barrier,
+    leaving_process_group,
+    wrap_model,
+)
 from specdraft.train.losses import parse_loss
 from specdraft.train.optim import make_optimizer
 from specdraft.train.report.metrics import MetricsLog
@@ -586,6 +593,7 @@ def resume_hint(argv: list[str], out: str) -> str:
     return f"resume with `specdraft {shlex.join([*args, '--resume'])}`"
 
 
+@leaving_process_group()
 def train_loop(shards: str, out_dir: Path, cfg: TrainConfig) -> Path:
     """The training loop of `train`, phase by phase."""
     cfg = with_own_loss(cfg)  # --loss "": EAGLE-3's own, kl (recorded as such)

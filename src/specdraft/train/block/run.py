@@ -72,7 +72,7 @@ from specdraft.train.block.setup import (
 )
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
 from specdraft.train.config import DFLASH_SMALL_RUN, with_own_loss, with_recipe
-from specdraft.train.distributed import _all_sum, _init_distributed, barrier
+from specdraft.train.distributed import _all_sum, _init_distributed, barrier, leaving_process_group
 from specdraft.train.optim import make_optimizer
 from specdraft.train.report.metrics import MetricsLog
 
@@ -299,6 +299,7 @@ def _print_header(run: _BlockRun) -> None:
           f"{run.world} rank(s){', FSDP2' if run.sharded else ''}", flush=True)  # fmt: skip
 
 
+@leaving_process_group()
 def train_dflash(shards: str, out: str | Path, cfg, _stop_at: int | None = None) -> Path:
     """Train a DFlash draft on extracted shards; returns OUT/final. `_stop_at` ends the run after that step
     without writing final/ (tests: an interrupted run to resume)."""
