@@ -88,7 +88,7 @@ BUDGETS = {
     # step a batch (issue 45, benchmarks/draft_quality.py arms kl+epochs2 and kl+muon+epochs2+spb1)
     "default": Budget(
         240, 1024, 2, 8192, 3, 8, 64, 3, 0, 80, 4, 1e-3, 512, "constant", True, 3, 0, "adamw"
-    ),  # ~28 min (28.5 from a fresh clone with Muon at one step a batch, 2026-12-05: tau 1.341, batch 1 x1.28)
+    ),  # ~27 min (26.5 from a fresh clone, 2026-12-06: vLLM tau 1.359, batch 1 x1.14)
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
