@@ -33,9 +33,9 @@ def _init_distributed(device: str) -> tuple[int, int, torch.device]:
 
 @contextlib.contextmanager
 def leaving_process_group():
-    """Around a run (or on its function): the process group `_init_distributed` joined during it is left at its end, failed or not
-    (a process that exits with gloo's threads still running can abort after its work is done: "terminate called
-    without an active exception", SIGABRT); a group that was there before is its creator's to leave."""
+    """Around a run (or decorating its function): the process group `_init_distributed` joined during it is left
+    at its end, failed or not (a process that exits with gloo's threads still running can abort after its work is
+    done: "terminate called without an active exception", SIGABRT); a group there before is its creator's."""
     before = dist.is_initialized()
     try:
         yield
