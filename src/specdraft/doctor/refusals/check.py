@@ -23,7 +23,7 @@ from specdraft.doctor.check import Problem, shorten
 from specdraft.doctor.formats.check import detect_format
 from specdraft.doctor.formats.reads import _SAME_VALUE, ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
-from specdraft.doctor.refusals.judge import DESCEND, Unknown, truth
+from specdraft.doctor.refusals.judge import DESCEND, NOT_CONSTANT, Unknown, constant, truth
 from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
 from specdraft.doctor.source.reader import SourceTree, dotted_name
 from specdraft.engine.contract import Contract
@@ -79,20 +79,25 @@ def _mutated(module: ast.Module) -> set[str]:
 
 
 def _module_constants(tree: SourceTree, module: str) -> dict[str, Any]:
-    """Literal module-level constants of ``module`` that it never changes (``ALLOWED = ("a", "b")``)."""
+    """Module-level constants of ``module`` that it never changes, as Python evaluates them (``ALLOWED = ("a",
+    "b")``, ``MAX = 1 << 12``, ``BOTH = ALLOWED + ("c",)``)."""
     parsed = tree.parse(module)
     if parsed is None:
         return {}
     changed = _mutated(parsed)
     out: dict[str, Any] = {}
     for s in parsed.body:
-        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
-            if s.targets[0].id in changed:
-                continue
-            try:
-                out[s.targets[0].id] = ast.literal_eval(s.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
+        target = (
+            s.targets[0] if isinstance(s, ast.Assign) and len(s.targets) == 1 else getattr(s, "target", None)
+        )
+        if (
+            isinstance(s, (ast.Assign, ast.AnnAssign))
+            and isinstance(target, ast.Name)
+            and s.value is not None
+        ):
+            value = constant(s.value, out) if target.id not in changed else NOT_CONSTANT
+            if value is not NOT_CONSTANT:
+                out[target.id] = value
     return out
 
 

@@ -4,15 +4,18 @@ under, its message, and the fields of our values that condition reads.
 A ``raise`` refuses under the conjunction of the ``if`` tests around it (``not test`` in an ``else``); an
 ``assert test`` refuses under ``not test``. A ``raise`` directly in an ``except`` handler refuses under
 ``raises(BODY..., TYPE)``: the try body's expressions failing with the handler's type (a validator called
-on our value), which the judge cannot evaluate. Nested functions and classes are left out (they run
-elsewhere, if at all).
+on our value), which the judge cannot evaluate. A ``case`` of a ``match`` refuses under its pattern as a test
+on the subject (and its guard), after every earlier case failed; a name a condition binds with ``:=`` stands for
+its value wherever the conjunction reads it. Nested functions and classes are left out (they run elsewhere, if
+at all).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdraft.doctor.formats.reads import _Reader
 
@@ -76,11 +79,15 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
             _walk(s.body, (*tests, s.test), s.lineno, out)
             _walk(s.orelse, (*tests, _negate(s.test)), s.lineno, out)
         elif isinstance(s, ast.Raise) and s.exc is not None:
-            out.append(Refusal("raise", _condition(tests), ast.unparse(s.exc), s.lineno, if_line, tests))
+            out.append(
+                Refusal("raise", _condition(tests), ast.unparse(s.exc), s.lineno, if_line, _unwalrus(tests))
+            )
         elif isinstance(s, ast.Assert):
             conj = (*tests, _negate(s.test))
             msg = ast.unparse(s.msg) if s.msg is not None else ""
-            out.append(Refusal("assert", _condition(conj), msg, s.lineno, s.lineno, conj))
+            out.append(Refusal("assert", _condition(conj), msg, s.lineno, s.lineno, _unwalrus(conj)))
+        elif isinstance(s, ast.Match):
+            _walk_match(s, tests, out)
         elif isinstance(s, ast.Try):
             for body in (s.body, s.orelse, s.finalbody):
                 _walk(body, tests, if_line, out)
@@ -111,6 +118,65 @@ def _walk_handler(t: ast.Try, h: ast.ExceptHandler, tests: tuple[ast.expr, ...],
                     "raise", _condition((*tests, test)), ast.unparse(s.exc), s.lineno, line, (*tests, test)
                 )
             )
+
+
+class _Inline(ast.NodeTransformer):
+    """Names replaced by expressions (``:=`` names and ``case`` captures by what they hold)."""
+
+    def __init__(self, names: dict[str, ast.expr]):
+        self.names = names
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> ast.AST:
+        return self.visit(node.value)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.names:
+            return ast.copy_location(copy.deepcopy(self.names[node.id]), node)
+        return node
+
+
+def _unwalrus(tests: tuple[ast.expr, ...], names: dict[str, ast.expr] | None = None) -> tuple[ast.expr, ...]:
+    """``tests`` with each name bound by ``:=`` (in source order) read as the value it was bound to, and the
+    names in ``names`` as theirs: one side of an ``and`` reads what the other bound, as in Python."""
+    bound = dict(names or {})
+    for t in tests:
+        for n in ast.walk(t):
+            if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name):
+                bound[n.target.id] = _Inline(dict(bound)).visit(copy.deepcopy(n.value))
+    if not bound:
+        return tests
+    return tuple(_Inline(bound).visit(copy.deepcopy(t)) for t in tests)
+
+
+def _pattern(p: ast.pattern, subject: ast.expr, captures: dict[str, ast.expr]) -> ast.expr:
+    """The test a ``case`` pattern makes of ``subject`` (Python's matching, for values and alternatives; a
+    structural pattern is ``__match__(subject)``, which the judge cannot tell); its captures into ``captures``."""
+    if isinstance(p, ast.MatchValue):
+        return ast.Compare(left=subject, ops=[ast.Eq()], comparators=[p.value])
+    if isinstance(p, ast.MatchSingleton):
+        return ast.Compare(left=subject, ops=[ast.Is()], comparators=[ast.Constant(p.value)])
+    if isinstance(p, ast.MatchOr):
+        return ast.BoolOp(op=ast.Or(), values=[_pattern(q, subject, captures) for q in p.patterns])
+    if isinstance(p, ast.MatchAs):
+        if p.name is not None:
+            captures[p.name] = subject
+        return ast.Constant(True) if p.pattern is None else _pattern(p.pattern, subject, captures)
+    return ast.Call(func=ast.Name(id="__match__", ctx=ast.Load()), args=[subject], keywords=[])
+
+
+def _walk_match(m: ast.Match, tests: tuple[ast.expr, ...], out: list[Refusal]) -> None:
+    """Each ``case`` refuses under: every earlier case not matching, its pattern, its guard."""
+    earlier: list[ast.expr] = []
+    for case in m.cases:
+        captures: dict[str, ast.expr] = {}
+        test = _pattern(case.pattern, m.subject, captures)
+        if case.guard is not None:
+            test = ast.BoolOp(op=ast.And(), values=[test, case.guard])
+        test = _unwalrus((test,), captures)[0]
+        inner: list[Refusal] = []
+        _walk(case.body, (*tests, *earlier, test), case.pattern.lineno, inner)
+        out += [replace(r, tests=_unwalrus(r.tests, captures)) for r in inner]
+        earlier.append(_negate(test))
 
 
 def refusals_in(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["DESCEND", "VALIDATORS", "Undecided", "Unknown", "truth"]
+__all__ = ["DESCEND", "NOT_CONSTANT", "VALIDATORS", "Undecided", "Unknown", "constant", "truth"]
 
 #: library functions that only validate their argument (no engine code, no I/O): a refusal made of one
 #: of them failing is judged by calling it on our value
@@ -229,6 +229,35 @@ def _evaluate(test: ast.expr, lookup: Callable[[ast.AST], Any], qualify: Callabl
         return bool(eval(code, {"__builtins__": BUILTINS, **binder.bound}))  # noqa: S307 -- sandboxed: see module doc
     except Exception:  # Undecided, or the condition failing on our value (the engine raises elsewhere)
         return None
+
+
+#: the nodes of a constant expression (no call, attribute or comprehension: nothing of the engine runs)
+_CONSTANT_NODES = (
+    ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Tuple,
+    ast.List, ast.Set, ast.Dict, ast.Name, ast.Subscript, ast.Slice, ast.Load, ast.operator, ast.unaryop,
+    ast.boolop, ast.cmpop,
+)  # fmt: skip
+NOT_CONSTANT: Any = object()
+
+
+def constant(expr: ast.expr, names: dict[str, Any]) -> Any:
+    """The value Python gives a constant expression (``1 << 12``, ``64 * 1024``, ``MAX * 2``, ``("a",) + B``)
+    with ``names`` the constants it may read; :data:`NOT_CONSTANT` for anything else (a call, an unknown name,
+    a shift or power past 4096)."""
+    tree = ast.Expression(expr)
+    for n in ast.walk(tree):
+        if not isinstance(n, _CONSTANT_NODES) or (isinstance(n, ast.Name) and n.id not in names):
+            return NOT_CONSTANT
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Pow, ast.LShift)):
+            if not (
+                isinstance(n.right, ast.Constant) and isinstance(n.right.value, int) and n.right.value <= 4096
+            ):
+                return NOT_CONSTANT
+    try:
+        code = compile(ast.fix_missing_locations(tree), "<constant>", "eval")
+        return eval(code, {"__builtins__": {}, **names})  # noqa: S307 -- constant nodes only: see above
+    except Exception:
+        return NOT_CONSTANT
 
 
 def truth(

@@ -20,6 +20,7 @@ from typing import Any
 
 from specdraft.doctor.formats.check import _lookup, _reader_nodes, _split, _tables
 from specdraft.doctor.formats.reads import ITEM, _Reader
+from specdraft.doctor.refusals.judge import NOT_CONSTANT, constant
 from specdraft.doctor.source.reader import Found, SourceTree, dotted_name
 from specdraft.engine.contract import Contract, Entry
 from specdraft.engine.formats import ConfigReader, ExportFormat
@@ -178,20 +179,15 @@ def _option_values(
 
 
 def _literal_default(value: ast.expr | None) -> Any:
-    """The literal default of a field (``x: int = 3``, ``field(default=None)``, ``Field(default=0, ge=0)``)."""
+    """The constant default of a field (``x: int = 3``, ``field(default=None)``, ``Field(default=1 << 12)``)."""
     if isinstance(value, ast.Call) and dotted_name(value.func).split(".")[-1] in ("field", "Field"):
         value = next(
             (k.value for k in value.keywords if k.arg == "default"), value.args[0] if value.args else None
         )
-    if value is None:
-        return _NO_DEFAULT
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NO_DEFAULT
+    return _NO_DEFAULT if value is None else constant(value, {})
 
 
-_NO_DEFAULT = object()
+_NO_DEFAULT = NOT_CONSTANT
 
 
 def field_defaults(tree: SourceTree, cls: Found, passed: set[str]) -> dict[Path, Any]:

@@ -1,0 +1,14 @@
+"""Reads a speculators-style export (a case refuses our kind)."""
+
+
+def load(config_dict: dict) -> dict:
+    kind = config_dict.get("speculators_model_type")
+    spec = config_dict["speculators_config"]
+    steps = spec["proposal_methods"][0]["speculative_tokens"]
+    layers = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    match kind:
+        case "eagle" | "eagle3":
+            raise ValueError(f"{kind} drafts are not supported here")
+        case _:
+            pass
+    return {"kind": kind, "steps": steps, "layers": layers, "vocab": config_dict.get("draft_vocab_size")}

@@ -1,0 +1,14 @@
+"""Reads a speculators-style export (a guarded case refuses our k)."""
+
+
+def load(config_dict: dict) -> dict:
+    kind = config_dict.get("speculators_model_type")
+    spec = config_dict["speculators_config"]
+    steps = spec["proposal_methods"][0]["speculative_tokens"]
+    layers = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    match kind:
+        case "medusa":
+            pass
+        case "eagle3" if steps > 2:
+            raise ValueError(f"at most 2 speculative tokens, got {steps}")
+    return {"kind": kind, "steps": steps, "layers": layers, "vocab": config_dict.get("draft_vocab_size")}

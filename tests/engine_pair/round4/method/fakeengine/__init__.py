@@ -1,0 +1,1 @@
+"""A fake engine reading our export and options (method)."""

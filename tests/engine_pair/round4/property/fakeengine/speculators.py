@@ -1,0 +1,9 @@
+"""Reads a speculators-style export (a property __post_init__ reads refuses our method)."""
+
+
+def load(config_dict: dict) -> dict:
+    kind = config_dict.get("speculators_model_type")
+    spec = config_dict["speculators_config"]
+    steps = spec["proposal_methods"][0]["speculative_tokens"]
+    layers = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    return {"kind": kind, "steps": steps, "layers": layers, "vocab": config_dict.get("draft_vocab_size")}

@@ -1,0 +1,11 @@
+"""Reads a speculators-style export (a name bound with := on one side of `and`)."""
+
+
+def load(config_dict: dict) -> dict:
+    kind = config_dict.get("speculators_model_type")
+    spec = config_dict["speculators_config"]
+    steps = spec["proposal_methods"][0]["speculative_tokens"]
+    layers = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    if (vocab := config_dict.get("draft_vocab_size")) and vocab > 4096:
+        raise ValueError(f"draft vocabularies above 4096 are unsupported, got {vocab}")
+    return {"kind": kind, "steps": steps, "layers": layers, "vocab": config_dict.get("draft_vocab_size")}
