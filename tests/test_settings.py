@@ -47,12 +47,15 @@ def test_the_written_settings_file_is_a_valid_config(tmp_path, shards, capsys): 
     assert main(["train", str(shards), str(out), *SMALL, "--max-steps", "1"]) == 0
     written = out / "train_settings.json"
     capsys.readouterr()
-    assert main(["train", "--config", str(written), "--print-config", "--lr", "0.5"]) == 0
+    # its OUT holds the run's checkpoints: --print-config refuses what the run would refuse (issue 61)
+    assert main(["train", "--config", str(written), "--print-config", "--lr", "0.5"]) == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert main(["train", "--config", str(written), "--print-config", "--lr", "0.5", "--resume"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["command"] == "train" and shown["settings"] == {
         **settings(written),
         "lr": 0.5,
-        "resume": False,
+        "resume": True,
     }
     # a new run from the file alone (its OUT given anew on the command line)
     assert main(["train", "--config", str(written), str(shards), str(tmp_path / "again")]) == 0

@@ -325,30 +325,63 @@ def _run(fns: dict, argv: list[str], cmd: str) -> int:
     try:
         kwargs, settings = _parse(cmd, fns[cmd], argv[1:])
     except (ValueError, FileNotFoundError) as e:
-        print(f"specdraft {cmd}: error: {e}", file=sys.stderr)
+        _say(f"specdraft {cmd}: error: {e}")
         return 2
     if settings is None:  # --print-config: printed
         return 0
     try:
         with _sigterm_as_interrupt():
             result = fns[cmd](**kwargs)
-    except Terminated:
-        print(f"specdraft {cmd}: terminated (SIGTERM); {_hint(cmd, argv, kwargs)}", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print(f"specdraft {cmd}: interrupted; {_hint(cmd, argv, kwargs)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`Terminated`): under torchrun rank 0 says it
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        _say(f"specdraft {cmd}: {how}; {_hint(cmd, argv, kwargs)}")
+        return 128 + signal.SIGTERM if isinstance(e, Terminated) else 130
     except Exception as e:
         # user errors (bad input, paths, a full disk, engine refusals) in one line; anything else is a bug
         if os.environ.get("SPECDRAFT_DEBUG") or not (isinstance(e, _USER_ERRORS) or _disk_full(e)):
             raise
-        if (
-            int(os.environ.get("RANK", "0") or 0) == 0
-        ):  # under torchrun every rank refuses alike: rank 0 says it
-            print(f"specdraft {cmd}: error: {_user_message(e, _hint(cmd, argv, kwargs))}", file=sys.stderr)
+        _say(f"specdraft {cmd}: error: {_user_message(e, _hint(cmd, argv, kwargs))}")
         return 2
     _record(cmd, settings)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (0 outside it)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _say(line: str) -> None:
+    """A line that ends the command, on stderr, said once: under torchrun every rank stops alike and rank 0 says
+    it; torchrun's report of the failed ranks (ChildFailedError) names it as the root cause (its error file)."""
+    if _rank() != 0:
+        return
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and not os.path.exists(
+        error_file
+    ):  # torchrun's format (torch.distributed.elastic's errors)
+        import time
+
+        doc = {
+            "message": {
+                "message": line,
+                "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))},
+            }
+        }
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps(doc))
+
+
+def launcher() -> str:
+    """How this command was started, to type again: `specdraft`, or under torchrun the torchrun line of its
+    ranks (nodes and processes per node; the module form, as the README starts it)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return "specdraft"
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    nodes = int(os.environ.get("WORLD_SIZE", "1")) // max(per_node, 1)
+    on = f"--nnodes {nodes} " if nodes > 1 else ""
+    return f"torchrun {on}--nproc_per_node {per_node} -m specdraft.cli"
 
 
 def _flat(parsed: dict) -> dict:
@@ -392,18 +425,19 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
         if not (k in config and settings.get(k) == config[k]):
             runtime.GIVEN[k] = "command line"
     if print_config:
-        doc = runtime.settings_doc(cmd, settings)
-        if cmd == "train" and parsed.get("shards"):  # what the run will use: the recipe filled from the data
+        said = ""
+        if cmd == "train":  # what the run will use: every check it applies, the recipe filled from the data
+            from specdraft.train.config import with_own_loss
             from specdraft.train.setup import planned
 
+            _train_checks(parsed["shards"], parsed["out"], with_own_loss(parsed["cfg"]))
             cfg, said = planned(parsed["shards"], parsed["cfg"])
-            filled = {k: v for k, v in dataclasses.asdict(cfg).items() if settings.get(k) != v}
-            doc["settings"].update(filled)
-            doc["from"] = {k: ("small-run recipe" if k in filled else runtime.GIVEN.get(k, "default"))
-                           for k in settings}  # fmt: skip
-            if said:
-                doc["recipe"] = said
-        print(json.dumps(doc, indent=2))
+            settings.update(dataclasses.asdict(cfg))
+        doc = {**runtime.settings_doc(cmd, settings), "from": runtime.origins(settings)}
+        if said:
+            doc["recipe"] = said
+        if _rank() == 0:  # under torchrun: one file's worth, from rank 0
+            print(json.dumps(doc, indent=2))
         return parsed, None
     if source.startswith("recorded"):
         changed = sorted(k for k in given if k != "resume" and settings.get(k) != config.get(k))
@@ -411,6 +445,23 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
               f"{', '.join('--' + k.replace('_', '-') for k in changed) or 'none'} over them",
               file=sys.stderr)  # fmt: skip
     return parsed, settings
+
+
+def _train_checks(data: str | None, out: str | None, cfg) -> None:
+    """Every check a run of `cfg` on `data` into `out` applies before anything loads (a ValueError naming all
+    that is wrong, as the run would); `data` or `out` None (`--print-config` alone): the settings' own checks."""
+    from specdraft.train.block.run import _out_problems, block_problems
+    from specdraft.train.loop import _check, refuse_other_run
+
+    if out:
+        refuse_other_run(Path(out), cfg.draft)
+    if cfg.draft == "eagle3" and data and out:
+        _check(data, Path(out), cfg)
+        return
+    errs = block_problems(cfg) if cfg.draft == "dflash" else cfg.problems()
+    errs += _out_problems(Path(out), cfg.resume) if out and cfg.draft == "dflash" else []
+    if errs:
+        raise ValueError("train: " + "; ".join(errs))
 
 
 def _config(fn, cmd: str, path: str, label: str = "") -> dict:
@@ -502,7 +553,10 @@ def _hint(cmd: str, argv: list[str], kwargs: dict) -> str:
     if cmd == "train":
         from specdraft.train.loop import resume_hint
 
-        return resume_hint(argv, kwargs["out"])
+        hint = resume_hint(argv, kwargs["out"]).replace("`specdraft ", f"`{launcher()} ")
+        if "--nnodes" in hint:
+            hint += " on every node, with the rendezvous options it started with"
+        return hint
     return RESUME_HINTS.get(cmd, "rerun the same command")
 
 

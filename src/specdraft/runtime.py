@@ -20,6 +20,8 @@ RESOLVED: dict[str, str] = {}
 GIVEN: dict[str, str] = {}
 #: whether the running command was parsed from a command line (`cli.main`), where GIVEN is known
 FROM_COMMAND_LINE = False
+#: the settings the running command filled in itself (train's small-run recipe): name -> what filled it
+FILLED: dict[str, str] = {}
 _warned: set[str] = set()
 
 SETTINGS_VERSION = 1
@@ -92,8 +94,15 @@ def settings_doc(command: str, settings: dict, name: str = "FILE") -> dict:
         "settings_version": SETTINGS_VERSION,
         "settings": {k: _plain(_absolute(k, v) if k in PATH_SETTINGS else v) for k, v in settings.items()},
         "resolved": dict(RESOLVED),
+        **({"from": origins(settings)} if FROM_COMMAND_LINE else {}),
         "note": f"a valid `specdraft {command} --config {name}`; options on the command line override it",
     }
+
+
+def origins(settings: dict) -> dict[str, str]:
+    """Where each of `settings` came from: the command line, a --config FILE (or the settings --resume read),
+    what the command filled in itself (the small-run recipe), else the default."""
+    return {k: GIVEN.get(k) or FILLED.get(k) or "default" for k in settings}
 
 
 def write_settings(path: Path, command: str, settings: dict, keep: dict | None = None) -> Path:

@@ -6,7 +6,8 @@ text: tyro reads it from this source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -105,9 +106,10 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         """Every user error in these settings (empty when all is well)."""
-        errs = []
+        errs = [f"--{f.name.replace('_', '-')} must be a finite number, not {getattr(self, f.name)}" for f in fields(self)
+                if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name))]  # fmt: skip
         for name in ("ttt_steps", "epochs", "steps_per_batch", "max_tokens", "max_length", "draft_vocab_size", "log_every",
-                     "checkpoint_every", "keep_checkpoints", "attention_chunk"):  # fmt: skip
+                     "checkpoint_every", "keep_checkpoints", "attention_chunk", "draft_layers"):  # fmt: skip
             if getattr(self, name) < 1:
                 errs.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         for name in ("max_steps", "max_samples", "val_every", "weight_decay", "grad_clip"):
@@ -275,6 +277,9 @@ SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "prompt_loss
 # DFlash's: the optimizer settings above, and the block and anchors the side-by-side picked at three data sizes
 # (docs/dflash.md; the defaults 8 and 64 stay for large data, where published DFlash drafts use long blocks)
 DFLASH_SMALL_RUN = {"lr": 1e-3, "max_tokens": 512, "schedule": "constant", "block_size": 4, "anchors": 16}
+#: the recipe's settings --fsdp leaves at the library default (AdamW, no EMA), and why
+FSDP_LEAVES = ("optimizer", "ema")
+FSDP_WHY = "neither shards yet: Muon orthogonalises whole matrices, the EMA is kept whole"
 # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's measured range)
 SMALL_RUN_BELOW = 500_000
 
@@ -297,11 +302,10 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
         k: given.get(k, "given") for k in recipe if k in given or getattr(cfg, k) != getattr(_DEFAULTS, k)
     }
     tuned = bool(source) and not runtime.FROM_COMMAND_LINE
+    runtime.FILLED.clear()
     if cfg.recipe == "off" or (cfg.recipe == "auto" and (tuned or scored >= SMALL_RUN_BELOW)):
         return cfg, ""
-    fill = {
-        k: v for k, v in recipe.items() if k not in source and not (k in ("ema", "optimizer") and cfg.fsdp)
-    }
+    fill = {k: v for k, v in recipe.items() if k not in source and not (k in FSDP_LEAVES and cfg.fsdp)}
     if cfg.init_from:  # its weights are loaded: no init setting applies
         fill.pop("fc_init", None)
     raised = ""
@@ -316,10 +320,18 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
     parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}{raised}"]
     for where in dict.fromkeys(source.values()):
         parts.append(f"{where}: {flags({k: getattr(cfg, k) for k, w in source.items() if w == where})}")
-    left = [k for k in recipe if k not in source and k not in fill]
+    fsdp = [k for k in recipe if k in FSDP_LEAVES and k not in source and cfg.fsdp]
+    if fsdp:  # the recipe's Muon and EMA do not shard yet: the library defaults train in their place
+        parts.append(f"--fsdp: {flags({k: getattr(cfg, k) for k in fsdp})} in place of the recipe's "
+                     f"{flags({k: recipe[k] for k in fsdp})} ({FSDP_WHY})")  # fmt: skip
+    left = [k for k in recipe if k not in source and k not in fill and k not in fsdp]
     if left:
         parts.append(f"default: {flags({k: getattr(cfg, k) for k in left})}")
     said = f"train: settings from {'; '.join(parts)} (--recipe off keeps the library defaults)"
+    runtime.FILLED.update({k: "small-run recipe" for k in fill})
+    runtime.FILLED.update({k: f"default (--fsdp: in place of the recipe's {recipe[k]})" for k in fsdp})
+    if raised:
+        runtime.FILLED["max_tokens"] = f"small-run recipe, raised for {world} ranks"
     return replace(cfg, **fill), said
 
 

@@ -324,14 +324,17 @@ def _lr_lambda(cfg: TrainConfig, total: int):
     return f
 
 
-def planned(data: str, cfg: TrainConfig) -> tuple[TrainConfig, str]:
-    """The settings a run of `cfg` on `data` would train with (the recipe filled from the data's metadata alone,
-    for the ranks of this torchrun), and the recipe's line ("" where it does not apply or the data cannot be
-    read here: the run itself then says why). What `--print-config` shows."""
+def planned(data: str | None, cfg: TrainConfig) -> tuple[TrainConfig, str]:
+    """The settings a run of `cfg` on `data` would train with (its --loss resolved, the recipe filled from the
+    data's metadata alone, for the ranks of this torchrun), and the recipe's line ("" where it does not apply or
+    the data cannot be read here: the run itself then says why). What `--print-config` shows."""
     import os
 
-    from specdraft.train.config import DFLASH_SMALL_RUN
+    from specdraft.train.config import DFLASH_SMALL_RUN, with_own_loss
 
+    cfg = with_own_loss(cfg)
+    if not data:
+        return cfg, ""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         if cfg.online:

@@ -1,0 +1,121 @@
+"""Issue 61: the GPU path as a speculators or SpecForge user runs it under torchrun, one test per item (each
+fails on the code before the issue); the torchrun runs themselves are in test_train_distributed.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_settings import SMALL
+from test_train_rough_edges import shards  # noqa: F401  (the module's fixture)
+
+from specdraft import cli, runtime
+from specdraft.cli import main
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--loss", "bogus"], "unknown loss 'bogus'"),
+    (["--block-size", "4"], "--draft eagle3 does not use --block-size 4"),
+    (["--noise", "uniform"], "--noise and --noise-scale go together"),
+    (["--optimizer", "muon", "--fsdp"], "--optimizer muon with --fsdp is not supported"),
+])  # fmt: skip
+def test_item2_print_config_applies_every_check_a_run_applies(args, says, capsys):
+    assert main(["train", "--print-config", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_item2_print_config_refuses_what_the_run_refuses_about_its_out(tmp_path, shards, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(["train", str(shards), str(out), *SMALL, "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert main(["train", str(shards), str(out), "--print-config"]) == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert main(["train", str(shards), str(out), "--draft", "dflash", "--print-config"]) == 2
+    assert "holds a --draft eagle3 run" in capsys.readouterr().err
+
+
+def test_item2_print_config_prints_what_would_run_once_under_torchrun(tmp_path, shards, capsys, monkeypatch):  # noqa: F811
+    """Under torchrun only rank 0 prints, --loss shows the draft's own, and the tokens a step the recipe raised
+    for the ranks say so, even where the raised value is the library default (4096)."""
+    from specdraft.data.store import ShardSet
+
+    ss = ShardSet.open([str(shards)])
+    longest = max(ss.length(s) for s in ss.sample_ids())
+    world = 4096 // longest  # world x longest rounds up to 4096, the default --max-tokens
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", str(shards), str(tmp_path / "o"), "--print-config"]) == 0
+    assert capsys.readouterr().out == ""  # rank 1 prints nothing
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", str(shards), str(tmp_path / "o"), "--print-config", "--lr", "3e-4"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["settings"]["max_tokens"] == 4096 and doc["settings"]["loss"] == "kl"
+    assert doc["from"]["max_tokens"] == f"small-run recipe, raised for {world} ranks"
+    assert doc["from"]["lr"] == "command line" and doc["from"]["decay"] == "small-run recipe"
+    assert doc["from"]["grad_clip"] == "default"
+
+
+def test_item3_the_settings_file_records_where_each_setting_came_from(tmp_path, shards, capsys):  # noqa: F811
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"seed": 3}))
+    out = tmp_path / "run"
+    assert (
+        main(
+            ["train", str(shards), str(out), *SMALL, "--max-steps", "1", "--lr", "3e-4", "--config", str(cfg)]
+        )
+        == 0
+    )
+    doc = json.loads((out / "train_settings.json").read_text())
+    frm = doc["from"]
+    assert set(frm) == set(doc["settings"])
+    assert frm["lr"] == frm["shards"] == frm["draft_vocab_size"] == "command line"
+    assert frm["seed"] == f"--config {cfg}"
+    assert frm["decay"] == frm["max_tokens"] == "small-run recipe" and doc["settings"]["decay"] == 0.5
+    assert frm["grad_clip"] == "default"
+    assert json.loads((out / "final" / "train_settings.json").read_text())["from"] == frm
+
+
+def test_item4_fsdp_says_on_the_recipe_line_what_it_changes_and_why(tmp_path, shards, capsys):  # noqa: F811
+    assert main(["train", str(shards), str(tmp_path / "o"), "--fsdp", "--print-config"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["settings"]["optimizer"] == "adamw" and doc["settings"]["ema"] == 0.0
+    assert ("--fsdp: --optimizer adamw --ema 0.0 in place of the recipe's --optimizer muon --ema 0.99 (neither "
+            "shards yet: Muon orthogonalises whole matrices, the EMA is kept whole)") in doc["recipe"]  # fmt: skip
+    assert doc["from"]["optimizer"] == "default (--fsdp: in place of the recipe's muon)"
+
+
+def test_item4_a_refusal_under_torchrun_is_torchruns_root_cause(tmp_path, monkeypatch, capsys):
+    """Every rank refuses alike: rank 0 says it once, and torchrun's ChildFailedError report (read by torch's own
+    reader of the error file it hands each rank) shows that line, not "To enable traceback see ..."."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "a", "b", "--optimizer", "muon", "--fsdp"]) == 2
+    assert capsys.readouterr().err == "" and not error_file.exists()
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "a", "b", "--optimizer", "muon", "--fsdp"]) == 2
+    line = capsys.readouterr().err.strip()
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message["extraInfo"]["py_callstack"] == line and "--optimizer muon with --fsdp" in line
+
+
+def test_item1_the_resume_line_is_the_torchrun_line_the_run_started_with(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli.launcher() == "specdraft"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert cli.launcher() == "torchrun --nproc_per_node 2 -m specdraft.cli"
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert cli.launcher() == "torchrun --nnodes 2 --nproc_per_node 8 -m specdraft.cli"
+
+
+def test_origins_are_not_written_for_a_python_caller(tmp_path):
+    """A Python caller's settings have no command line to name: no "from" then."""
+    assert not runtime.FROM_COMMAND_LINE
+    assert "from" not in runtime.settings_doc("train", {"lr": 1.0})
