@@ -23,6 +23,8 @@ TEMPLATES: dict[str, Path] = {
     "llama31_tools": HERE / "llama31_tools.jinja",
     "gpt_oss": HERE / "gpt_oss.jinja",
     "mistral": HERE / "mistral.jinja",
+    "deepseek_v31": HERE / "deepseek_v31.jinja",
+    "glm45": HERE / "glm45.jinja",
 }
 SPECIAL_TOKENS: dict[str, list[str]] = {
     "hybrid_thinking": [
@@ -81,11 +83,45 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "[THINK]",
         "[/THINK]",
     ],
+    "deepseek_v31": [
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<think>",
+        "</think>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁output▁begin｜>",
+        "<｜tool▁output▁end｜>",
+    ],
+    "glm45": [
+        "[gMASK]",
+        "<sop>",
+        "<|system|>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|observation|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+    ],
 }
+#: the stop ids each stand-in's generation_config lists (`eos_token_id`), as tokens; the others stop on their eos
+GENERATION_STOPS: dict[str, list[str]] = {"glm45": ["<|endoftext|>", "<|user|>", "<|observation|>"]}
 # bos/eos as the real tokenizers set them (the others keep conftest's eos <|im_end|>, which is their end of turn)
 _BOS_EOS = {"deepseek_r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
             "llama31_tools": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-            "gpt_oss": {"eos_token": "<|return|>"}, "mistral": {"bos_token": "<s>", "eos_token": "</s>"}}  # fmt: skip
+            "gpt_oss": {"eos_token": "<|return|>"}, "mistral": {"bos_token": "<s>", "eos_token": "</s>"},
+            "deepseek_v31": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+            "glm45": {"eos_token": "<|endoftext|>"}}  # fmt: skip
 
 
 def standin_tokenizer(name: str):
@@ -95,3 +131,11 @@ def standin_tokenizer(name: str):
     tok = build_tokenizer(TEMPLATES[name].read_text())
     tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[name], **_BOS_EOS.get(name, {})})
     return tok
+
+
+def standin_stop_ids(name: str, tok) -> tuple[int, ...]:
+    """The stop ids of the stand-in's generation_config (`GENERATION_STOPS`), else its tokenizer's eos."""
+    from specdraft.targets import stop_ids
+
+    stops = GENERATION_STOPS.get(name)
+    return stop_ids(tok, {"eos_token_id": tok.convert_tokens_to_ids(stops)} if stops else None)

@@ -55,7 +55,10 @@ def _tok(name: str):
 
 
 def render(name: str, messages: list[dict], gen: bool = False, **kwargs) -> str:
-    if name == "deepseek_r1":  # R1's template concatenates the arguments: it takes them as JSON text
+    if name in (
+        "deepseek_r1",
+        "deepseek_v31",
+    ):  # R1's template concatenates the arguments: it takes them as JSON text
         messages = args_as_text(messages)
     return _tok(name).apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs)
 
@@ -283,7 +286,7 @@ def test_special_markers_are_one_token_each(name):
     for marker in SPECIAL_TOKENS[name]:
         ids = tok(marker, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids) == [marker], marker
-    msgs = args_as_text(TOOL_CHAT) if name == "deepseek_r1" else nine_char_ids(TOOL_CHAT)
+    msgs = args_as_text(TOOL_CHAT) if name in ("deepseek_r1", "deepseek_v31") else nine_char_ids(TOOL_CHAT)
     ids = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
     assert tok.decode(ids) == render(name, nine_char_ids(TOOL_CHAT), tools=TOOLS)
 

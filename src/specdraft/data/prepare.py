@@ -128,6 +128,9 @@ class _Options:
     reasoning_format: str = ""
     template: str = "the chat template"
     engine: object = None  # the serving engine's renderer checking every sample (engine_render), or None
+    stops: tuple[int, ...] | None = (
+        None  # the target's stop ids (tokenizer eos + generation_config eos_token_id)
+    )
 
 
 @dataclass
@@ -211,7 +214,8 @@ def prepare(
     where = (f"--chat-template {Path(chat_template).name}" if chat_template and "{" not in chat_template
              else "the --chat-template given" if chat_template else f"the chat template of {target}")  # fmt: skip
     engine, checked_by = (None, "none (text mode)") if text else _engine(target, tok, chat_template, renderer)
-    opts = _Options(tok, kwargs, max_length, reasoning_loss, text, reasoning_format, where, engine)
+    opts = _Options(tok, kwargs, max_length, reasoning_loss, text, reasoning_format, where, engine,
+                    _stop_ids(target, tok))  # fmt: skip
     t0 = time.time()
     limit = max_samples if len(sources) == 1 else 0
     reads = [_read_source(i, s, opts, split, cols, limit) for i, s in enumerate(sources)]
@@ -227,6 +231,7 @@ def prepare(
                          + "; ".join(_describe_drops(r.report) for r in reads))  # fmt: skip
     out_dir = output_dir(out, "dataset")
     table, counts, kinds, per_conv = _rows(convs, len(tok))
+    ends = _turn_ends(convs)
     # one writer at a time: the data files and the manifest that describes them written under the
     # directory's lock (a second prepare into this OUT is refused; a killed one's temporaries are removed)
     with DirLock(out_dir, "dataset"):
@@ -251,6 +256,7 @@ def prepare(
             "num_tokens": int(sum(len(x) for x in table.column("input_ids").to_pylist())),
             "num_loss_tokens": int(sum(kinds.values())),
             "loss_tokens_by_kind": kinds,
+            "turn_ends": ends,
             "seconds": round(time.time() - t0, 2),
         }
         atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
@@ -268,6 +274,28 @@ def _engine(target: str, tok, chat_template: str, choice: str):
     except (FileNotFoundError, ValueError):
         target_dir = None
     return engine_renderer(target_dir, tok.chat_template if chat_template else None, choice)
+
+
+def _stop_ids(target: str, tok) -> tuple[int, ...]:
+    """The target's stop ids: its tokenizer's eos and its generation_config's `eos_token_id` (what ends a turn
+    the chat template ends with no marker of its own)."""
+    from specdraft.targets import locate_target, read_generation_config, stop_ids
+
+    try:
+        target_dir = locate_target(target, need="config", convert=False)
+    except (FileNotFoundError, ValueError):
+        return stop_ids(tok)
+    return stop_ids(tok, read_generation_config(target_dir))
+
+
+def _turn_ends(convs: list[_Conv]) -> dict[str, int]:
+    """What ends each assistant turn (`render.turn_end`), counted over the kept samples."""
+    out: dict[str, int] = {}
+    for c in convs:
+        for s in c.samples:
+            for k, v in s.ends.items():
+                out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
 
 
 def _read_source(index: int, src: Source, opts: _Options, split: str, columns: dict, limit: int) -> _Read:
@@ -310,7 +338,7 @@ def _samples_of(raw, opts: _Options, repairs: list[str]) -> list[Sample]:
     if reason:
         raise Dropped(reason)
     return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss, opts.reasoning_format,
-                                opts.template, repairs, opts.engine)  # fmt: skip
+                                opts.template, repairs, opts.engine, opts.stops)  # fmt: skip
 
 
 def _truncated(s: Sample, n: int) -> Sample:
@@ -318,7 +346,8 @@ def _truncated(s: Sample, n: int) -> Sample:
         return s
     kept = sum(s.loss_mask[:n])
     scale = kept / max(1, sum(s.loss_mask))  # kinds cut in proportion (their counts are a summary)
-    return Sample(s.input_ids[:n], s.loss_mask[:n], {k: round(v * scale) for k, v in s.kinds.items()})
+    return Sample(s.input_ids[:n], s.loss_mask[:n], {k: round(v * scale) for k, v in s.kinds.items()},
+                  s.prompts, s.ends)  # fmt: skip
 
 
 def _rows(convs: list[_Conv], vocab: int) -> tuple[pa.Table, np.ndarray, dict[str, int], dict[str, int]]:

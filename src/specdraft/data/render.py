@@ -84,6 +84,7 @@ _CLOSE_THINK = re.compile(r"\s*</think>\s*")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
 _EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the content's whitespace left to it
 _OPEN_THINK = re.compile(r"\s*<think>")
+_OPENS_WITH_CLOSE = re.compile(r"</think>")  # a turn that starts with its own close tag
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
@@ -100,6 +101,7 @@ class Sample:
     loss_mask: list[int]
     kinds: dict[str, int] = field(default_factory=dict)
     prompts: list[int] = field(default_factory=list)  # tokens before each of its turns (the prompt's length)
+    ends: dict[str, int] = field(default_factory=dict)  # what ends its turns (`turn_end`), counted
 
 
 @dataclass
@@ -114,6 +116,7 @@ class Turn:
     verbatim: str
     rendered: bool
     notes: list[str] = field(default_factory=list)
+    stop: str = ""  # a stop id's text written after `text` to end a turn the template ends with none
 
 
 @dataclass(frozen=True)
@@ -167,11 +170,14 @@ def decode(tokenizer, ids: list[int]) -> str:
 
 def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = None, reasoning_loss: bool = True,
                          reasoning_format: str = "", template: str = "the chat template",
-                         notes: list[str] | None = None, engine=None) -> list[Sample]:  # fmt: skip
+                         notes: list[str] | None = None, engine=None,
+                         stops: tuple[int, ...] | None = None) -> list[Sample]:  # fmt: skip
     """The samples of one conversation (one when the template is stable, else one per assistant turn), each
     checked against the template's rendering. `template` names the template in reasons; `notes` gets what was
     left out to follow the template (reasoning it renders none of); `engine` (an `engine_render.EngineRenderer`)
-    checks every prompt and turn against the serving engine's own rendering too (`_check_engine`).
+    checks every prompt and turn against the serving engine's own rendering too (`_check_engine`); `stops`: the
+    target's stop ids (`targets.stop_ids`: the tokenizer's eos and generation_config's `eos_token_id`), what ends a
+    turn the template ends with no marker of its own (`_stop_after`); None: the tokenizer's eos.
 
     Raises `Dropped` (with the reason) for a conversation no true sample can be made of."""
     kwargs = kwargs or {}
@@ -190,8 +196,12 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
     turns = [(i, turn_text(tokenizer, conv, i, kwargs, traits, template)) for i, m in enumerate(conv.messages)
              if m["role"] == "assistant"]  # fmt: skip
     said += [n for _, t in turns for n in t.notes]
+    markers = stop_texts(tokenizer, stops)
+    turns = [(i, _stop_after(tokenizer, conv, i, t, kwargs, markers)) for i, t in turns]
+    ends = _count_ends([t for _, t in turns], markers)
     full = render(tokenizer, conv, len(conv.messages), False, kwargs)
-    if all(t.rendered and full.startswith(t.upto) for _, t in turns):  # stable: one sample, unless a token
+    stable = all(t.rendered and not t.stop and full.startswith(t.upto) for _, t in turns)
+    if stable:  # one sample, unless a token
         spans = [  # straddles a turn's edge (then the prompt tokenized alone would not be its tokens here)
             _turn_kinds(conv.messages[i], full, len(t.before), len(t.before) + len(t.text)) for i, t in turns
         ]
@@ -204,21 +214,79 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
                               for a, _ in edges]  # fmt: skip
             if engine is not None:
                 _check_engine(engine, conv, turns, [sample] * len(turns), kwargs)
+            sample.ends = ends
             return _noted(notes, said, [sample])
     out = []
     for i, t in turns:  # each turn after the prompt the template builds for it, tokenized alone, scored alone
         head = tokenizer(t.before, add_special_tokens=False)["input_ids"]
-        tail = tokenizer(t.text, add_special_tokens=False, return_offsets_mapping=True)
+        tail = tokenizer(t.text + t.stop, add_special_tokens=False, return_offsets_mapping=True)
         n = len(t.before)
         offsets = [(0, 0)] * len(head) + [(s + n, e + n) for s, e in tail["offset_mapping"]]
-        spans = [_turn_kinds(conv.messages[i], t.before + t.text, n, n + len(t.text))]
+        spans = [_turn_kinds(conv.messages[i], t.before + t.text + t.stop, n, n + len(t.text + t.stop))]
         sample = _sample(list(head) + list(tail["input_ids"]), offsets, spans, reasoning_loss)
         _check_turn(tokenizer, t, sample, len(head))
         sample.prompts = [len(head)]
         out.append(sample)
     if engine is not None:
         _check_engine(engine, conv, turns, out, kwargs)
+    for sample, (_, t) in zip(out, turns):
+        sample.ends = _count_ends([t], markers)
     return _noted(notes, said, out)
+
+
+def stop_texts(tokenizer, stops: tuple[int, ...] | None) -> dict[str, int]:
+    """{text: id} of the stop ids that are one token of their own (a special token such as `<|user|>`)."""
+    ids = stops if stops is not None else (tokenizer.eos_token_id,)
+    out = {}
+    for k in ids:
+        if isinstance(k, int) and 0 <= k < len(tokenizer):
+            text = decode(tokenizer, [k])
+            if text and tokenizer(text, add_special_tokens=False)["input_ids"] == [k]:
+                out[text] = k
+    return out
+
+
+def turn_end(t: Turn, markers: dict[str, int]) -> str:
+    """What ends turn `t`, named for the manifest: the template's end token (a stop id it renders), a stop id the
+    target writes where the template renders none (`Turn.stop`), or none."""
+    if t.stop:
+        return f"stop id {t.stop.strip()} (generation_config)"
+    end = next((m for m in markers if t.text.endswith(m)), None)
+    return f"end token {end}" if end else "none (no stop id ends the turn)"
+
+
+def _count_ends(turns: list[Turn], markers: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in turns:
+        out[turn_end(t, markers)] = out.get(turn_end(t, markers), 0) + 1
+    return out
+
+
+def _stop_after(
+    tokenizer, conv: Conversation, i: int, t: Turn, kwargs: dict, markers: dict[str, int]
+) -> Turn:
+    """`t` with the stop id the target writes to end it (`Turn.stop`) when the template ends the turn with none
+    of the stop ids but the next turn's marker is one (GLM-4.5: `<|user|>`, `<|observation|>`): the text the
+    template renders between the turn and the next message (a user message when the turn is the last), through
+    that marker. Found on the conversation without reasoning (a template may drop it from history there)."""
+    if not markers or any(t.text.endswith(m) for m in markers):
+        return t
+    msgs = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in conv.messages]
+    nxt = msgs[i + 1] if i + 1 < len(msgs) else {"role": "user", "content": "Q"}
+    plain = replace(conv, messages=msgs[: i + 1] + [nxt], parsed={})
+    try:
+        upto, more = (
+            render(tokenizer, plain, i + 1, False, kwargs),
+            render(tokenizer, plain, i + 2, False, kwargs),
+        )
+    except Dropped:
+        return t
+    if not more.startswith(upto.rstrip()):
+        return t
+    after = more[len(upto.rstrip()) :]
+    ws = after[: len(after) - len(after.lstrip())]
+    mark = next((m for m in sorted(markers, key=len, reverse=True) if after.lstrip().startswith(m)), None)
+    return replace(t, stop=ws + mark) if mark else t
 
 
 def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], samples: list[Sample],
@@ -347,7 +415,9 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
             text = verbatim = text[empty.end() :]
         elif opened and reasoning and reasoning in text:
             text = verbatim = text[opened.end() :].removeprefix(extra[len(extra.rstrip()) :])
-        if not (reasoning and reasoning in text):
+        if _OPENS_WITH_CLOSE.match(text):  # the template's own close opens the turn (DeepSeek-V3.1)
+            text = reasoning + text
+        elif not (reasoning and reasoning in text):
             text = reasoning + _close_before(traits.think[1] if traits.think else R1_CLOSE, text) + text
     elif reasoning and reasoning not in text:
         empty = _EMPTY_BLOCK.match(text)
@@ -437,7 +507,7 @@ def _check_turn(tokenizer, t: Turn, sample: Sample, n_prompt: int) -> None:
     and that text ends with the template's own rendering of the turn (all of it when `rendered`)."""
     if decode(tokenizer, sample.input_ids[:n_prompt]) != t.before:
         raise Dropped("self-check: the prompt's tokens do not decode to the template's prompt")
-    if decode(tokenizer, sample.input_ids[n_prompt:]) != t.text:
+    if decode(tokenizer, sample.input_ids[n_prompt:]) != t.text + t.stop:
         raise Dropped("self-check: the turn's tokens do not decode to the turn as the template renders it")
     if not (t.text.endswith(t.verbatim) and t.upto.rstrip().endswith(t.verbatim)) or (
         t.rendered and t.before + t.text != t.upto.rstrip()
