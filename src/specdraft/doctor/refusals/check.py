@@ -23,6 +23,8 @@ from specdraft.doctor.check import Problem, shorten
 from specdraft.doctor.formats.check import detect_format
 from specdraft.doctor.formats.reads import _SAME_VALUE, ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, fields_read, refusals_in
+from specdraft.doctor.refusals.env import env_gate
+from specdraft.doctor.refusals.follow import DEPTH, bind_loops, callees
 from specdraft.doctor.refusals.judge import DESCEND, NOT_CONSTANT, Unknown, constant, truth
 from specdraft.doctor.refusals.scopes import Scope, read_tables, scopes
 from specdraft.doctor.source.reader import SourceTree, dotted_name
@@ -48,6 +50,9 @@ class Found:
     exact: bool  # our values are the ones we pass or write, not a sample
     fix: str = ""  # what to do when the release refuses our value of this field (ExportFormat.fixes)
     gate: str = ""  # a test on the way that none of our values decides (:func:`_gate`): '' when none
+    env: str = (
+        ""  # the environment variable that turns the refusal on, off here (``VAR=value (not set here)``)
+    )
 
     @property
     def key(self) -> tuple[str, str]:
@@ -102,7 +107,12 @@ def _module_constants(tree: SourceTree, module: str) -> dict[str, Any]:
 
 
 def _shown(scope: Scope, path: FieldPath) -> str:
-    return ".".join((*scope.prefix, *path)).replace(f".{ITEM}", "[0]")
+    """A path as the report names it: ``x[0]`` below a list of one element, ``x[*]`` below a longer one."""
+    out = ".".join(scope.prefix)
+    for i, k in enumerate(path):
+        many = k == ITEM and len(scope.values.get(path[: i + 1], ())) > 1
+        out += ("[*]" if many else "[0]") if k == ITEM else f".{k}" if out else k
+    return out
 
 
 def _imports(tree: SourceTree, module: str) -> dict[str, str]:
@@ -194,10 +204,44 @@ def _unwritten(scope: Scope, path: FieldPath) -> bool:
     )
 
 
+def _case_keys(fields: list[FieldPath], scope: Scope) -> list[FieldPath]:
+    """The paths whose values the cases range over: each known field, or the list element holding several of
+    them (``m["a"]`` and ``m["b"]`` of one element ``m``, never of two)."""
+    out: list[FieldPath] = []
+    for p in fields:
+        element = p[: len(p) - p[::-1].index(ITEM)] if ITEM in p else p
+        if (
+            element == p
+            or element not in scope.values
+            or sum(q[: len(element)] == element for q in fields) < 2
+        ):
+            element = p
+        if element in scope.values and element not in out:
+            out.append(element)
+    return out
+
+
+def _below(value: Any, keys: FieldPath, node: ast.AST) -> Any:
+    """The field ``keys`` below ``value`` (an element of our list): its value, the default of a ``.get`` of a key
+    it lacks, else unknown."""
+    for k in keys:
+        if isinstance(value, Mapping) and k in value:
+            value = value[k]
+        elif (
+            isinstance(value, Mapping)
+            and isinstance(node, ast.Call)
+            and dotted_name(node.func).endswith(".get")
+        ):
+            return node.args[1] if len(node.args) > 1 else ast.Constant(None)
+        else:
+            return Unknown(k)
+    return value
+
+
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
              consts: Mapping[str, Any], qualify=str) -> tuple[bool | None, str]:  # fmt: skip
     """Whether our values meet the refusal's condition (any known case does: True), and that case."""
-    known = [p for p in fields if p in scope.values]
+    known = _case_keys(fields, scope)
     cases = list(itertools.islice(itertools.product(*(scope.values[p] for p in known)), _MAX_CASES))
     inline = _inlined(scope.fn, refusal.line)
 
@@ -210,10 +254,15 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
                 return inline[node.id]
             if isinstance(node, ast.Call) and dotted_name(node.func) in _SAME_VALUE:
                 return DESCEND  # Path(v), str(v): Python applies them to our value
+            if isinstance(node, ast.Subscript) and not isinstance(getattr(node.slice, "value", None), str):
+                return DESCEND  # ids[0], ids[i]: Python indexes our list
             path = reader.path_of(node, False, frozenset())
             if path is not None:
                 if path in case or path in scope.defaults:
                     return case[path] if path in case else scope.defaults[path]
+                element = next((e for e in case if path[: len(e)] == e and e[-1] == ITEM), None)
+                if element is not None:  # a field of the list element this case is about
+                    return _below(case[element], path[len(element) :], node)
                 if len(scope.values.get(path, ())) == 1:
                     return scope.values[path][0]
                 if (
@@ -247,17 +296,64 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
     return None, ""
 
 
+def _judged(scope: Scope, r: Refusal, reader: _Reader, fields: list[FieldPath], consts: Mapping[str, Any],
+            qualify) -> tuple[bool | None, str, str, str]:  # fmt: skip
+    """Our values against refusal ``r`` of ``scope``: (refused, case, gate, environment variable as
+    ``VAR=value``, '' when none) with the variable as it is here, and the call reaching ``scope``."""
+    gate, env = "", ""
+    refused, case = _verdict(r, scope, reader, fields, consts, qualify)
+    g = (
+        env_gate(r, qualify, lambda x: _verdict(x, scope, reader, fields, consts, qualify))
+        if not refused
+        else None
+    )
+    if g is not None:
+        refused, case = g.refused or (False if g.refused_on is False else None), g.case
+        if refused is None:  # off here: what it refuses once turned on
+            env = f"{g.var}={g.on}" + (f" (it is {g.here!r} here)" if g.here else " (not set here)")
+            case = f"{g.var}={g.on}, {g.case}" if g.refused_on else ""
+    if scope.reached is False:
+        return False, "its call is not reached with our values", "", ""
+    if refused and scope.reached is None:
+        return None, "", scope.gate, env
+    if refused is None and not case and not env:
+        gate = scope.gate or _gate(r, scope, reader, consts, qualify)
+    return refused, case, gate, env
+
+
+def _scope_reader(scope: Scope) -> _Reader:
+    reader = _Reader([], {}, scope.attrs)
+    reader.env = dict(scope.roots)
+    reader.aliases(scope.fn.body)
+    bind_loops(scope.fn, reader)
+    return reader
+
+
 def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping[str, Any]] | None = None,
              values: Mapping[str, Mapping[str, Any]] | None = None) -> list[Found]:  # fmt: skip
-    """Every refusal in ``tree`` whose condition reads a value ``contract`` passes or writes (see :func:`scopes`)."""
+    """Every refusal in ``tree`` whose condition reads a value ``contract`` passes or writes (see :func:`scopes`),
+    in the scopes' own bodies and in what they call with our values (:mod:`.follow`)."""
     out: dict[tuple[str, str], Found] = {}
     consts: dict[str, dict[str, Any]] = {}
-    imports: dict[str, dict[str, str]] = {}
+    qualifiers: dict[str, Any] = {}
     tables: dict[str, dict[str, tuple[str, ...]]] = {}
-    for scope in scopes(tree, contract, configs, values):
-        reader = _Reader([], {}, scope.attrs)
-        reader.env = dict(scope.roots)
-        reader.aliases(scope.fn.body)
+    work = [(s, 0) for s in scopes(tree, contract, configs, values)]
+    seen: set[tuple] = set()
+    while work:
+        scope, depth = work.pop(0)
+        key = (scope.label, id(scope.fn), tuple(sorted(scope.roots.items())), scope.reached)
+        if key in seen:
+            continue
+        seen.add(key)
+        reader = _scope_reader(scope)
+        if scope.module not in consts:
+            consts[scope.module] = _module_constants(tree, scope.module)
+            qualifiers[scope.module] = _qualifier(_imports(tree, scope.module))
+        const, qualify = consts[scope.module], qualifiers[scope.module]
+        if depth < DEPTH:
+            reached = lambda site, s=scope, rd=reader, c=const, q=qualify: _verdict(  # noqa: E731
+                site, s, rd, fields_read(site.tests, rd), c, q)[0]  # fmt: skip
+            work += [(c, depth + 1) for c in callees(tree, scope, reader, reached)]
         ours = [  # what we write, and keys of the export it leaves out (reported when their default is refused)
             (r, [p for p in fields_read(r.tests, reader) if scope.ours(p) or _unwritten(scope, p)])
             for r in refusals_in(scope.fn)
@@ -269,25 +365,19 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
         reader.tables = {**scope.tables, **reader.tables}  # the module's, then the function's own
         path = tree.module_path(scope.module)
         rel = path.relative_to(tree.root).as_posix() if path is not None else scope.module
-        if scope.module not in consts:
-            consts[scope.module] = _module_constants(tree, scope.module)
-            imports[scope.module] = _imports(tree, scope.module)
         for r, fields in ours:
             where = f"{rel}:{r.line}"
             if (scope.label, where) in out:
                 continue
-            refused, case = _verdict(r, scope, reader, fields, consts[scope.module],
-                                     _qualifier(imports[scope.module]))  # fmt: skip
+            refused, case, gate, env = _judged(scope, r, reader, fields, const, qualify)
             if not refused and not any(scope.ours(p) for p in fields):
                 continue  # on keys we do not write, whose defaults pass or cannot be told: not ours
             fix = next(
                 (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
             )
-            gate = (_gate(r, scope, reader, consts[scope.module], _qualifier(imports[scope.module]))
-                    if refused is None and not case else "")  # fmt: skip
             out[(scope.label, where)] = Found(scope.label, r, where, tuple(_shown(scope, p) for p in fields),
                                               refused, case, r.test_line in scope.judged, scope.exact, fix,
-                                              gate)  # fmt: skip
+                                              gate, env)  # fmt: skip
     return list(out.values())
 
 
@@ -317,6 +407,15 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
     if passes is not None and all(x.refused is False and x.exact for x in found):
         return Problem("refusal", labels, f"{head}; our value passes it", "info", symbol=fields,
                        installed=was or "", location=f.location, passed=passes.case)  # fmt: skip
+    env = next((x for x in found if x.env), None)
+    if env is not None and passes is None:  # said at default verbosity: setting the variable breaks us
+        var = env.env.split(" (")[0]
+        then = (f"with it, our value meets the condition ({env.case})" if env.case
+                else f"whether our value of {fields} passes then cannot be told statically")  # fmt: skip
+        return Problem("refusal", labels, f"{head}; the environment variable {env.env} turns it on: off today, "
+                       f"and {then}", "warning", symbol=fields, installed=was or "", location=f.location,
+                       passed=env.case, fix=f"leave {var.split('=')[0]} unset where {release} runs the draft"
+                       + (f", or {env.fix}" if env.fix else ""))  # fmt: skip
     tail = (f"the sample of our value passes it ({passes.case}); other values of {fields} may not" if passes
             else f"whether our value of {fields} passes cannot be told statically")  # fmt: skip
     gated = passes is None and all(x.gate for x in found)

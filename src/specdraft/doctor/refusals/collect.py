@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from specdraft.doctor.formats.reads import _Reader
 
-__all__ = ["Refusal", "fields_read", "refusals_in"]
+__all__ = ["Refusal", "fields_read", "refusals_in", "sites_in"]
 
 Path = tuple[str, ...]
 #: comparisons whose negation is another operator for any values (not ``<``: ``not a < b`` is not ``a >= b``
@@ -53,6 +53,7 @@ class Refusal:
     line: int
     test_line: int = 0
     tests: tuple[ast.expr, ...] = field(default=(), compare=False, hash=False, repr=False)
+    expr: ast.expr | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 def _negate(test: ast.expr) -> ast.expr:
@@ -75,6 +76,8 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
     for s in stmts:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue  # runs elsewhere, if at all
+        for e in _evaluated(s):  # where the statement calls something (:func:`sites_in`)
+            out.append(Refusal("site", "", "", s.lineno, if_line, _unwalrus(tests), expr=e))
         if isinstance(s, ast.If):
             _walk(s.body, (*tests, s.test), s.lineno, out)
             _walk(s.orelse, (*tests, _negate(s.test)), s.lineno, out)
@@ -89,7 +92,11 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
         elif isinstance(s, ast.Match):
             _walk_match(s, tests, out)
         elif isinstance(s, ast.Try):
-            for body in (s.body, s.orelse, s.finalbody):
+            start = len(out)
+            _walk(s.body, tests, if_line, out)
+            if s.handlers:  # what the body calls fails into the handlers (judged there: ``raises``)
+                out[start:] = [replace(r, kind="caught") if r.kind == "site" else r for r in out[start:]]
+            for body in (s.orelse, s.finalbody):
                 _walk(body, tests, if_line, out)
             for h in s.handlers:  # a handler's raise refuses when the try body fails on our value
                 _walk_handler(s, h, tests, out)
@@ -179,11 +186,39 @@ def _walk_match(m: ast.Match, tests: tuple[ast.expr, ...], out: list[Refusal]) -
         earlier.append(_negate(test))
 
 
-def refusals_in(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
-    """Every ``raise`` and ``assert`` in the body of ``fn``."""
+def _evaluated(s: ast.stmt) -> list[ast.expr]:
+    """The expressions statement ``s`` evaluates itself (not those of the blocks it holds)."""
+    if isinstance(s, (ast.If, ast.While, ast.Assert)):
+        return [s.test]
+    if isinstance(s, (ast.For, ast.AsyncFor)):
+        return [s.iter]
+    if isinstance(s, (ast.With, ast.AsyncWith)):
+        return [i.context_expr for i in s.items]
+    if isinstance(s, ast.Match):
+        return [s.subject]
+    value = getattr(s, "value", None)
+    return (
+        [value]
+        if isinstance(s, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) and value
+        else []
+    )
+
+
+def _walked(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
     out: list[Refusal] = []
     _walk(fn.body, (), 0, out)
     return out
+
+
+def refusals_in(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
+    """Every ``raise`` and ``assert`` in the body of ``fn``."""
+    return [r for r in _walked(fn) if r.kind in ("raise", "assert")]
+
+
+def sites_in(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
+    """Every expression ``fn``'s statements evaluate (``kind`` ``site``, in ``expr``), with the tests on the way
+    to it: where it may call a function or read a property that refuses our value."""
+    return [r for r in _walked(fn) if r.kind == "site"]
 
 
 def fields_read(tests: Sequence[ast.expr], reader: _Reader) -> list[Path]:

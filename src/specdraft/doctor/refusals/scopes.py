@@ -55,6 +55,12 @@ class Scope:
         reader: the export reader (None: an entry point or option); its tables and judged lines are read
             only for a function with a refusal on our values (:func:`read_tables`): they cost a parse of
             every module the reader's module imports from.
+        owner: the class whose method ``fn`` is, seen from the class our values become (its methods and
+            properties are looked up on it).
+        reached: whether the engine reaches ``fn`` with our values (a function called from another scope,
+            :mod:`.follow`): True, False (the call sits under a test our values fail), None (one none of them
+            decides, ``gate``).
+        gate: the test on the way to a call that keeps ``reached`` unknown.
     """
 
     label: str
@@ -71,6 +77,9 @@ class Scope:
     exact: bool = True
     fixes: Mapping[Path, str] = field(default_factory=dict)
     defaults: Mapping[Path, Any] = field(default_factory=dict)
+    owner: Found | None = None
+    reached: bool | None = True
+    gate: str = ""
 
     def ours(self, path: Path) -> bool:
         """Whether ``path`` is (part of) something we pass."""
@@ -95,7 +104,7 @@ def _decorator(fn: ast.AST) -> tuple[str, ast.Call | None]:
 
 def _class_functions(
     tree: SourceTree, cls: Found, names: tuple[str, ...], positional: int
-) -> Iterator[tuple[ast.FunctionDef, dict[str, Path], bool]]:
+) -> Iterator[tuple[ast.FunctionDef, dict[str, Path], bool, Found]]:
     """(function, roots, attrs) of a class that sees the arguments ``names`` (its first ``positional``
     parameters filled positionally): ``__init__``, ``__post_init__`` and the validators, through its bases."""
     for member in ("__init__", "__post_init__"):
@@ -105,7 +114,7 @@ def _class_functions(
         params = _params(found.node, method=True)
         ours = set(names) | set(params[:positional] if member == "__init__" else ())
         roots = {p: (p,) for p in params if p in ours}
-        yield found.node, {**roots, "self": ()}, True
+        yield found.node, {**roots, "self": ()}, True, cls
     for c in tree.mro(cls)[0]:
         for s in c.node.body:
             kind, call = _decorator(s)
@@ -117,11 +126,11 @@ def _class_functions(
             if kind in ("field_validator", "validator") and call is not None and params:
                 fields = [a.value for a in call.args if isinstance(a, ast.Constant) and a.value in names]
                 if fields:
-                    yield s, {params[0]: (fields[0],)}, False
+                    yield s, {params[0]: (fields[0],)}, False, cls
             elif mode == "after":
-                yield s, {params[0] if params else "self": ()}, True
+                yield s, {params[0] if params else "self": ()}, True, cls
             elif params:  # before / wrap / a root validator: the raw values, a dict
-                yield s, {params[0]: ()}, False
+                yield s, {params[0]: ()}, False, cls
 
 
 def _entry_scopes(
@@ -134,19 +143,19 @@ def _entry_scopes(
     for opt, vals in options.items():
         if opt in e.keywords:
             known.update({(opt, *p): v for p, v in vals.items()})
-    funcs: list[tuple[str, ast.FunctionDef, dict[str, Path], bool]] = []
+    funcs: list[tuple[str, ast.FunctionDef, dict[str, Path], bool, Found | None]] = []
     if found.kind == "function":
         params = _params(found.node, method=found.owner is not None)
         ours = set(e.keywords) | set(params[: e.positional])
-        funcs.append((found.module, found.node, {p: (p,) for p in params if p in ours}, False))
+        funcs.append((found.module, found.node, {p: (p,) for p in params if p in ours}, False, None))
     elif found.kind == "class":
         funcs += [(found.module, *f) for f in _class_functions(tree, found, e.keywords, e.positional)]
     target = tree.resolve(e.forwards_kwargs_to)[0] if e.forwards_kwargs_to else None
     if target is not None and target.kind == "class":
         funcs += [(target.module, *f) for f in _class_functions(tree, target, e.keywords, 0)]
     passed = frozenset({(k,) for k in e.keywords})
-    for module, fn, roots, attrs in funcs:
-        yield Scope(e.name, module, fn, roots, attrs, passed, known)
+    for module, fn, roots, attrs, owner in funcs:
+        yield Scope(e.name, module, fn, roots, attrs, passed, known, owner=owner)
 
 
 def _option_values(
@@ -235,19 +244,22 @@ def _option_scopes(
         top = tuple(dict.fromkeys(k.split(".")[0] for k in o.keys))
         passed = frozenset(_split(k) for k in o.keys)
         defaults = field_defaults(tree, cls, set(top))
-        for fn, roots, attrs in _class_functions(tree, cls, top, 0):
+        for fn, roots, attrs, owner in _class_functions(tree, cls, top, 0):
             yield Scope(f"{o.option} option", cls.module, fn, roots, attrs, passed,
-                        options.get(o.option, {}), prefix=(o.option,), defaults=defaults)  # fmt: skip
+                        options.get(o.option, {}), prefix=(o.option,), defaults=defaults, owner=owner)  # fmt: skip
 
 
 def _flatten(config: Any, prefix: Path = ()) -> dict[Path, tuple[Any, ...]]:
-    """Every path of a nested config and its value (``[]``: a list's first element)."""
+    """Every path of a nested config and its values (``[]``: each element of a list, in order, once each)."""
     out: dict[Path, tuple[Any, ...]] = {prefix: (config,)} if prefix else {}
     if isinstance(config, Mapping):
         for k, v in config.items():
             out.update(_flatten(v, (*prefix, str(k))))
-    elif isinstance(config, list) and config:
-        out.update(_flatten(config[0], (*prefix, ITEM)))
+    elif isinstance(config, list):
+        for item in config:
+            for path, vals in _flatten(item, (*prefix, ITEM)).items():
+                seen = out.get(path, ())
+                out[path] = (*seen, *(v for v in vals if v not in seen))
     return out
 
 
