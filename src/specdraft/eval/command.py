@@ -2,12 +2,16 @@
 
 `--engine hf` is :func:`specdraft.eval.reference.evaluate_report`; `--engine vllm` exports training outputs
 first and runs :func:`specdraft.eval.serving.evaluate_vllm` (with `--reference`, the reference decoder alongside). The summary
-lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whether a greedy run was lossless.
+lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whether a greedy run was lossless, or
+at T > 0 with `--dist-samples`, whether the output kept the target's distribution (:mod:`specdraft.eval.distribution`).
+Every option is checked against the engine before anything loads: one engine's options given to the other are
+refused with the fix, never dropped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -31,6 +35,10 @@ def evaluate(
     depth: int = 6,
     budget: int = 32,
     temperature: float = 0.0,
+    top_p: float = 1.0,
+    draft_sample: Literal["greedy", "probabilistic"] = "greedy",
+    verify: Literal["standard", "block"] = "standard",
+    dist_samples: int = 0,
     counts: str = "",
     draft_vocab_size: int = 32000,
     device: str = "auto",
@@ -68,7 +76,16 @@ def evaluate(
         topk: tree: children per node and nodes kept per depth.
         depth: tree: maximum draft tokens along one path.
         budget: tree: draft tokens verified per round.
-        temperature: 0 = greedy (checked lossless); > 0 = sampling with the exact rejection rule.
+        temperature: 0 = greedy (checked lossless: the same tokens as the target alone); > 0 = sampling with the
+            exact rejection rule, both engines (checked with --dist-samples).
+        top_p: vLLM: nucleus sampling's mass at T > 0 (1 = off).
+        draft_sample: at T > 0, how the draft picks its tokens: greedy (its argmax; acceptance is then capped by
+            the target's probability of that token) or probabilistic (sampled from the draft, the full p/q test);
+            vLLM's draft_sample_method. The reference decoder drafts either way in a chain.
+        verify: vLLM: standard (token by token) or block verification (Sun et al.; Model Runner V2, a GPU).
+        dist_samples: at T > 0: check that speculative sampling keeps the target's distribution: N samples of the
+            first 6 new tokens of the 4 shortest prompts with each draft and N from the target alone, compared by
+            chi-square tests at a family-wise false-alarm rate of 1% (0 = off; 200 detects a few percent).
         counts: for `untrained`: a prepared dataset or extraction dir whose token counts pick the draft
             vocabulary (empty = uniform counts: the lowest token ids).
         draft_vocab_size: for `untrained`: draft vocabulary size.
@@ -79,7 +96,7 @@ def evaluate(
         progress: show a progress bar.
         threads: torch CPU threads (0 = torch's default; 1 is steadier on a busy machine).
         engine: `hf` (the reference decoder here) or `vllm` (vLLM speculative decoding of the exported draft,
-            its spec-decode counters next to the reference decoder's figures; chain drafting, T=0).
+            its spec-decode counters; chain drafting, greedy or sampled).
         tensor_parallel_size: vLLM: GPUs the target is split over (the reference decoder runs unsplit).
         engine_args: vLLM: a JSON object of further `LLM(...)` options, checked before anything loads.
         batch1_prompts: vLLM: also serve the first N prompts one at a time (batch 1, latency) with and without
@@ -99,6 +116,10 @@ def evaluate(
     """
     from specdraft.runtime import resolve_device, resolve_dtype
 
+    _check_options(engine, temperature, top_p, draft_sample, verify, dist_samples, reference, tree,
+                   hf_only={"--tree": tree, "--topk": topk != 8, "--depth": depth != 6, "--budget": budget != 32,
+                            "--counts": counts, "--draft-vocab-size": draft_vocab_size != 32000,
+                            "--device": device != "auto", "--threads": threads, "--layers": layers is not None})  # fmt: skip
     engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference, batch1_rounds)
     check_eval_out(Path(out))  # before anything loads: results are never lost at the end to a bad --out
     target = target or _recorded_target(draft)
@@ -106,8 +127,10 @@ def evaluate(
     dtype = resolve_dtype(dtype, device)
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)
     with rendering(template, kwargs):
+        sampling = dict(temperature=temperature, top_p=top_p, draft_sample=draft_sample, verify=verify,
+                        dist_samples=dist_samples)  # fmt: skip
         return _evaluate(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget,
-                         temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
+                         sampling, counts, draft_vocab_size, device, dtype, out, seed, progress, threads, engine,
                          engine_kwargs, batch1_prompts, reference, trust_remote_code, layers, batch1_rounds)  # fmt: skip
 
 
@@ -161,6 +184,79 @@ def _recorded_target(draft: list[str]) -> str:
     return EMBEDDED_DEFAULT
 
 
+def _check_options(
+    engine: str, temperature: float, top_p: float, draft_sample: str, verify: str, dist_samples: int,
+    reference: bool, tree: bool, hf_only: dict[str, object],
+) -> None:  # fmt: skip
+    """The sampling options and each engine's own options, every error at once, before anything loads."""
+    errors = []
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        errors.append(f"--temperature must be a finite number >= 0, not {temperature}")
+    if not 0 < top_p <= 1:  # NaN fails too
+        errors.append(f"--top-p must be in (0, 1], not {top_p}")
+    if dist_samples < 0:
+        errors.append(f"--dist-samples must be >= 0, not {dist_samples}")
+    elif dist_samples and temperature == 0:
+        errors.append("--dist-samples checks sampled output (T > 0); at T=0 every run checks token identity: "
+                      "add --temperature or drop --dist-samples")  # fmt: skip
+    if reference and temperature > 0:
+        errors.append("--reference compares vLLM's rounds with the reference decoder's one by one, at T=0 only: "
+                      "drop --reference or --temperature")  # fmt: skip
+    if engine == "vllm":
+        given = [name for name, v in hf_only.items() if v]
+        if given:
+            errors.append(f"{', '.join(given)}: options of the reference decoder (--engine hf); vLLM drafts a chain "
+                          "of --k tokens from the export: drop them, or use --engine hf")  # fmt: skip
+        errors += _check_sampling_methods(draft_sample, verify)
+    else:
+        if top_p != 1:
+            errors.append("--top-p: vLLM only (the reference decoder samples from the whole distribution): add "
+                          "--engine vllm or drop it")  # fmt: skip
+        if verify != "standard":
+            errors.append("--verify block: vLLM only (the reference decoder verifies token by token): add --engine "
+                          "vllm or drop it")  # fmt: skip
+        if tree and draft_sample != "greedy":
+            errors.append("--draft-sample probabilistic drafts a chain; a tree's candidates are the draft's top-k: "
+                          "drop one of --tree and --draft-sample")  # fmt: skip
+    if errors:
+        raise ValueError("eval: " + "; ".join(errors))
+
+
+def _check_sampling_methods(draft_sample: str, verify: str) -> list[str]:
+    """Errors for --draft-sample / --verify values the installed vLLM cannot serve (read from its
+    SpeculativeConfig's fields, no model loaded); [] for vLLM's defaults."""
+    import dataclasses
+    import typing
+
+    import torch
+
+    from specdraft.engine import contract as engines
+    from specdraft.eval.vllm_engine import sampling_methods
+
+    wanted = sampling_methods(draft_sample, verify)
+    if not wanted:
+        return []
+    version = engines.installed_version("vllm")
+    if version is None:
+        return ["--engine vllm needs vLLM installed (make install-vllm, or pip install vllm)"]
+    cls = engines.get("vllm.SpeculativeConfig.sampling")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    errors = []
+    for name, value in wanted.items():
+        if name not in fields:
+            errors.append(f"vLLM {version} has no speculative_config.{name} (it serves only greedy drafting and "
+                          "standard verification): upgrade vLLM or drop the option")  # fmt: skip
+        elif value not in typing.get_args(typing.get_type_hints(cls).get(name, str)):
+            errors.append(
+                f"vLLM {version}'s speculative_config.{name} has no {value!r}: upgrade vLLM or drop the option"
+            )
+    if wanted.get("rejection_sample_method") == "block" and not torch.cuda.is_available():
+        errors.append("--verify block: vLLM implements block verification in its Model Runner V2 only (a GPU with "
+                      "Triton); without a GPU it runs the V1 runner, which would verify token by token under a "
+                      "config that says block: drop --verify block here")  # fmt: skip
+    return errors
+
+
 def _check_engine(
     engine: str, tensor_parallel_size: int, engine_args: str, reference: bool = False, batch1_rounds: int = 1
 ) -> dict:
@@ -212,21 +308,23 @@ def _recorded_rendering(draft: str) -> dict:
 
 
 def _evaluate(
-    draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, temperature, counts,
+    draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth, budget, sampling, counts,
     draft_vocab_size, device, dtype, out, seed, progress, threads, engine, engine_kwargs, batch1_prompts,
     reference, trust_remote_code, layers, batch1_rounds=1,
 ) -> int:  # fmt: skip
     """`evaluate` with the engine options checked and the rendering chosen."""
     if engine == "vllm":
         return _evaluate_with_vllm(draft, target, prompts, turns, max_prompts, max_new_tokens, k, dtype, out, seed,
-                                   trust_remote_code, engine_kwargs, batch1_prompts, reference, batch1_rounds)  # fmt: skip
+                                   trust_remote_code, engine_kwargs, batch1_prompts, reference, batch1_rounds,
+                                   sampling)  # fmt: skip
     report = evaluate_report(draft, target, prompts, turns, max_prompts, max_new_tokens, k, tree, topk, depth,
-                             budget, temperature, counts, draft_vocab_size, device, dtype, out, seed, progress, threads,
-                             trust_remote_code, layers)  # fmt: skip
+                             budget, sampling["temperature"], counts, draft_vocab_size, device, dtype, out, seed,
+                             progress, threads, trust_remote_code, layers, draft_sample=sampling["draft_sample"],
+                             dist_samples=sampling["dist_samples"])  # fmt: skip
     for line in summary_lines(report):
         print(line)
     print(f"report: {Path(out) / REPORT_FILE}; plots: {', '.join(report['plots'])}")
-    bad = [n for n, d in report["drafts"].items() if d["lossless"]["checked"] and not d["lossless"]["ok"]]
+    bad = _failed(report)
     for n in bad:
         for dv in report["drafts"][n]["lossless"]["divergences"][:10]:
             print(f"DIVERGENCE {n}: prompt {dv['id']} ({dv['category']}) turn {dv['turn']} at token {dv['position']}: "
@@ -234,10 +332,18 @@ def _evaluate(
     return 1 if bad else 0
 
 
+def _failed(report: dict) -> list[str]:
+    """The drafts whose output was not the target's: tokens that differ at T=0, or a distribution check that
+    failed at T > 0."""
+    return [n for n, d in report["drafts"].items()
+            if (d["lossless"]["checked"] and not d["lossless"]["ok"])
+            or not d.get("distribution", {"ok": True})["ok"]]  # fmt: skip
+
+
 def _evaluate_with_vllm(
     draft: list[str], target: str, prompts: str, turns: int, max_prompts: int, max_new_tokens: int, k: int,
     dtype: str, out: str, seed: int, trust_remote_code: bool, engine_kwargs: dict, batch1_prompts: int,
-    reference: bool = False, batch1_rounds: int = 1,
+    reference: bool = False, batch1_rounds: int = 1, sampling: dict | None = None,
 ) -> int:  # fmt: skip
     """`eval --engine vllm`: training outputs are exported first; with ``reference`` they are also run by the
     reference decoder (on the full target, here)."""
@@ -274,11 +380,11 @@ def _evaluate_with_vllm(
     report = evaluate_vllm(exports, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens, turns=turns,
                            max_prompts=max_prompts, dtype=dtype, seed=seed, reference=refs if reference else None, out=out,
                            trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs,
-                           batch1_prompts=batch1_prompts, batch1_rounds=batch1_rounds)  # fmt: skip
+                           batch1_prompts=batch1_prompts, batch1_rounds=batch1_rounds, **(sampling or {}))  # fmt: skip
     for line in summary_lines(report):
         print(line)
     print(f"report: {Path(out) / 'report_vllm.json'}; plots: {', '.join(report.get('plots', []))}")
-    return 1 if any(not d["lossless"]["ok"] for d in report["drafts"].values()) else 0
+    return 1 if _failed(report) else 0
 
 
 def _export_name(spec: str, i: int, taken: set[str]) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from specdraft.decode.speculate import GenResult, SpecConfig, Speculator
+from specdraft.eval import distribution
 from specdraft.eval.prompts import Prompt, load_prompts, render_prompt, render_turn
 from specdraft.eval.report import write_plots
 from specdraft.eval.stats import acceptance_stats, divergence, tau_of
@@ -192,6 +193,7 @@ def run_evaluation(
     turns: int = 1,
     seed: int = 0,
     progress: bool = True,
+    dist_samples: int = 0,
 ) -> dict:
     """Decode every prompt with the target alone and with each draft; the report as a dict (see module doc).
 
@@ -233,6 +235,8 @@ def run_evaluation(
         bar.update(1)
         bar.set_postfix({n: f"tau {tau_of(v.accepted):.2f}" for n, v in per.items() if v.accepted})
     bar.close()
+    checks = _distribution_checks(specs, [render_turn(tok, p, 0, []) for p in prompts], cfg, dist_samples,
+                                  seed, progress)  # fmt: skip
     for sp in specs.values():
         sp.close()
 
@@ -253,9 +257,30 @@ def run_evaluation(
             "tokens_per_s": round(base_tps, 3),
             "target_forwards": base.forwards,
         },  # fmt: skip
-        "drafts": {name: _draft_entry(name, acc, records, cfg, base) for name, acc in per.items()},
+        "drafts": {
+            name: _draft_entry(name, acc, records, cfg, base) | checks.get(name, {})
+            for name, acc in per.items()
+        },  # fmt: skip
         "records": records,
     }
+
+
+def _distribution_checks(specs: dict[str, Speculator], first_ids: list[list[int]], cfg: SpecConfig, samples: int,
+                         seed: int, progress: bool) -> dict[str, dict]:  # fmt: skip
+    """T > 0: each draft's distribution check against the target alone (eval/distribution.py), as
+    ``{name: {"distribution": ...}}``; {} without one."""
+    if not samples:
+        return {}
+    assert cfg.temperature > 0, "the distribution check is for sampled output"
+    short = SpecConfig(**{**asdict(cfg), "max_new_tokens": distribution.TOKENS})
+    ids = [first_ids[i] for i in distribution.pick_prompts(first_ids, distribution.PROMPTS)]
+    any_spec = next(iter(specs.values()))
+    if progress:
+        print(f"eval: distribution check, {samples} samples a side of {len(ids)} prompts", flush=True)
+    alone = distribution.draw(lambda p, s: any_spec.baseline(p, short, s).tokens, ids, samples, 10**7 + seed)
+    return {name: {"distribution": distribution.compare(
+                distribution.draw(lambda p, s, sp=sp: sp.generate(p, short, s).tokens, ids, samples, 2 * 10**7 + seed),
+                alone, distribution.TOKENS)} for name, sp in specs.items()}  # fmt: skip
 
 
 def evaluate_report(
@@ -281,6 +306,8 @@ def evaluate_report(
     threads: int = 0,
     trust_remote_code: bool = False,
     layers: list[int] | None = None,
+    draft_sample: str = "greedy",
+    dist_samples: int = 0,
 ) -> dict:
     """`specdraft eval --engine hf` returning the report dict (for quickstart and the vLLM comparison);
     the arguments of `specdraft.eval.command.evaluate`."""
@@ -289,7 +316,7 @@ def evaluate_report(
     if isinstance(draft, str):
         draft = [draft]
     cfg = SpecConfig(k=k, tree=tree, topk=topk, depth=depth, budget=budget, temperature=temperature,
-                     max_new_tokens=max_new_tokens)  # fmt: skip
+                     max_new_tokens=max_new_tokens, draft_sample=draft_sample)  # fmt: skip
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     if threads:
         torch.set_num_threads(threads)
@@ -305,7 +332,8 @@ def evaluate_report(
         drafts[name] = load_eval_draft(spec, tgt, counts, draft_vocab_size, seed, layers).to(
             device, getattr(torch, dtype)
         )
-    report = run_evaluation(tgt, drafts, plist, cfg, turns=turns, seed=seed, progress=progress)
+    report = run_evaluation(tgt, drafts, plist, cfg, turns=turns, seed=seed, progress=progress,
+                            dist_samples=dist_samples)  # fmt: skip
     report["settings"].update({"threads": torch.get_num_threads(), "prompts_source": prompts, "counts": counts,
                                "target_arg": target, "untrained_draft_vocab_size": draft_vocab_size})  # fmt: skip
     report["wall_seconds"] = round(time.time() - t0, 2)

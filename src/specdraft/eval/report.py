@@ -11,6 +11,22 @@ def _rates(rates: list[float | None], digits: int) -> str:
     return ", ".join("-" if r is None else f"{r:.{digits}f}" for r in rates)
 
 
+def _lossless(d: dict) -> str:
+    """yes / NO (n divergences) at T = 0; n/a (T>0) where outputs are samples (the distribution check's line
+    follows then)."""
+    ll = d["lossless"]
+    if not ll["checked"]:
+        return "n/a (T>0)"
+    return "yes" if ll["ok"] else f"NO ({len(ll['divergences'])} divergences)"
+
+
+def _distribution_line(d: dict) -> list[str]:
+    from specdraft.eval.distribution import summary
+
+    check = d.get("distribution")
+    return [f"  {summary(check)}"] if check else []
+
+
 def summary_lines(report: dict) -> list[str]:
     """A short human-readable summary of a report: the reference decoder's or vLLM's (``engine: vllm``)."""
     if report.get("engine") == "vllm":
@@ -19,15 +35,10 @@ def summary_lines(report: dict) -> list[str]:
     lines = [f"baseline (target only): {b['new_tokens']} tokens, {b['tokens_per_s']:.1f} tok/s"]
     for name, d in report["drafts"].items():
         acc = _rates(d["acceptance_rate_per_position"], 2)
-        ll = d["lossless"]
-        lossless = (
-            ("yes" if ll["ok"] else f"NO ({len(ll['divergences'])} divergences)")
-            if ll["checked"]
-            else "n/a (T>0)"
-        )
         lines.append(f"{name}: tau {d['tau']:.3f}, acceptance per position [{acc}], {d['tokens_per_s']:.1f} tok/s "
                      f"(x{d['speedup']:.2f}), target forwards saved {100 * d['target_forwards_saved']:.1f}%, "
-                     f"lossless {lossless}")  # fmt: skip
+                     f"lossless {_lossless(d)}")  # fmt: skip
+        lines += _distribution_line(d)
         r = d.get("round_ms")
         if r and r["target_step"]:
             lines.append(f"  a round: draft {r['draft']:.1f} ms + verify {r['verify']:.1f} ms = "
@@ -39,16 +50,15 @@ def summary_lines(report: dict) -> list[str]:
 
 def _vllm_summary_lines(report: dict) -> list[str]:
     """The summary of an :func:`specdraft.eval.serving.evaluate_vllm` report."""
-    b = report["baseline"]
-    lines = [
-        f"vLLM {report['vllm_version']}, target alone: {b['new_tokens']} tokens, {b['tokens_per_s']:.1f} tok/s"
-    ]
+    b, st = report["baseline"], report["settings"]
+    sampling = _sampling(st)
+    lines = [f"vLLM {report['vllm_version']}, {sampling}, target alone: {b['new_tokens']} tokens, "
+             f"{b['tokens_per_s']:.1f} tok/s"]  # fmt: skip
     for name, d in report["drafts"].items():
         acc = _rates(d["acceptance_rate_per_position"], 3)
-        n_div = len(d["lossless"]["divergences"])
-        lossless = "yes" if not n_div else f"NO ({n_div} divergences)"
         lines.append(f"{name} ({d['format']}): tau {d['tau']:.3f}, acceptance per position [{acc}], "
-                     f"{d['tokens_per_s']:.1f} tok/s (x{d['speedup'] or 0:.2f}), lossless {lossless}")  # fmt: skip
+                     f"{d['tokens_per_s']:.1f} tok/s (x{d['speedup'] or 0:.2f}), lossless {_lossless(d)}")  # fmt: skip
+        lines += _distribution_line(d)
         if d.get("vocab_coverage") is not None:
             lines.append(f"  its draft vocabulary holds {d['vocab_coverage']:.1%} of the target's own tokens here "
                          "(a draft proposes none of the rest)")  # fmt: skip
@@ -63,6 +73,16 @@ def _vllm_summary_lines(report: dict) -> list[str]:
                 d["batch1"], b["batch1"], d.get("k", report["settings"]["k"]), d.get("method")
             )
     return lines
+
+
+def _sampling(settings: dict) -> str:
+    """How a report's tokens were chosen: greedy, or the temperature with top-p and the sampling methods."""
+    t = settings.get("temperature", 0.0)
+    if not t:
+        return "greedy (T=0)"
+    top_p = settings.get("top_p", 1.0)
+    return (f"T={t:g}" + (f", top-p {top_p:g}" if top_p < 1 else "")
+            + f", {settings.get('draft_sample', 'greedy')} drafting, {settings.get('verify', 'standard')} verification")  # fmt: skip
 
 
 def _batch1_lines(d1: dict, b1: dict, k: int, method: str | None = None) -> list[str]:
@@ -124,7 +144,8 @@ def write_plots(report: dict, out: str | Path) -> list[Path]:
     n = report["settings"].get("prompts") or len(
         {(r.get("id"), r.get("turn")) for r in report.get("records", [])}
     )
-    ax.set_title(f"acceptance per position, {engine}T={report['settings']['temperature']}, {n} prompts")
+    how = _sampling(report["settings"]) if engine else f"T={report['settings']['temperature']}"
+    ax.set_title(f"acceptance per position, {engine}{how}, {n} prompts", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "acceptance_per_position.png")

@@ -2,8 +2,9 @@
 
 The target is served twice, in sequence, in this process (:class:`~specdraft.eval.vllm_engine.VLLMEngine`;
 the first engine is dropped before the next is built): alone (the baseline) and with each exported draft
-as ``speculative_config={"method": "eagle3", "model": EXPORT, "num_speculative_tokens": k}``. Both decode
-greedily (T = 0), fp32 on CPU, eager mode. Prompts are built exactly as the reference evaluation builds
+as ``speculative_config={"method": "eagle3", "model": EXPORT, "num_speculative_tokens": k}`` (with
+``draft_sample_method`` and ``rejection_sample_method`` when asked). Both decode greedily (T = 0) or sample at a
+temperature (top-p, a seed per request: ``seed``, ``seed + 1``, ... in prompt order), fp32 on CPU, eager mode. Prompts are built exactly as the reference evaluation builds
 them (:mod:`specdraft.eval.prompts`: the tokenizer's chat template with the generation prompt, then the
 ids passed to vLLM as ``TokensPrompt``), and generation stops at the same end-of-sequence ids, so the two
 reports are comparable prompt by prompt.
@@ -28,8 +29,12 @@ i). Reported per draft (definitions shared with the reference report: :mod:`spec
                                 ``batch1_rounds`` > 1 measured in rounds interleaved with the target
                                 alone's (:mod:`specdraft.eval.batch1`), so a slower minute of a shared
                                 machine slows both sides of a speed-up;
-  lossless                      speculative output == target-only output token for token; every
-                                divergence with its prompt, turn and position.
+  lossless                      at T = 0: speculative output == target-only output token for token; every
+                                divergence with its prompt, turn and position. At T > 0 outputs are samples
+                                ("n/a (T>0)"); ``dist_samples`` > 0 runs the two-sample test of
+                                :mod:`specdraft.eval.distribution` instead (``distribution`` in the report);
+  speculative_config            what the engine ran with, read back from it (method, k, the sampling methods,
+                                the model runner).
 
 Accounting, measured on vLLM 0.32.0 and matching :mod:`specdraft.decode.speculate`: a round drafts k tokens
 even when fewer remain to ``max_tokens``, and its accepted count is taken before the output is cut
@@ -51,7 +56,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.eval import batch1
+from specdraft.eval import batch1, distribution
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.report import write_plots
@@ -126,6 +131,12 @@ class _Run:
     log: Callable[[str], None]
     batch1: int = 0  # first-turn prompts also served one at a time (batch 1)
     batch1_rounds: int = 1  # batch-1 measurements of every engine, interleaved (eval/batch1.py)
+    dist_samples: int = 0  # T > 0: samples a side of the distribution check (eval/distribution.py; 0 = off)
+    dist_seed: int = 0  # the first seed of the check's samples
+
+    @property
+    def greedy(self) -> bool:
+        return not self.gen_args.get("temperature")
 
 
 @dataclass
@@ -138,6 +149,7 @@ class _Baseline:
     seconds: float
     batch1: list[dict[str, Any]] = field(default_factory=list)  # the first prompts one at a time, each
     # measurement (eval/batch1.py; empty: not run)
+    samples: list[list[list[int]]] | None = None  # the distribution check's samples of the target alone
     new_tokens: int = field(init=False)
     tokens_per_s: float = field(init=False)
 
@@ -212,7 +224,8 @@ def _run_baseline(run: _Run, turns: int) -> _Baseline:
                 tokens += b2.tokens
                 seconds += b2.seconds
         b1 = [_measure(eng, run, base.tokens)] if run.batch1 else []
-    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds, b1)
+        samples = _samples(eng, run, side=0)
+    out = _Baseline(jobs1 + jobs2, ids1 + ids2, tokens, seconds, b1, samples)
     run.log(f"target alone: {out.new_tokens} tokens, {out.tokens_per_s:.1f} tok/s")
     return out
 
@@ -223,6 +236,18 @@ def _engine(run: _Run, name: str | None) -> VLLMEngine:
         return VLLMEngine(run.target_dir, None, run.k, max_model_len=run.max_len, **run.engine_args)
     method, k = served_method(name, run.k)
     return VLLMEngine(run.target_dir, name, k, method=method, max_model_len=run.max_len, **run.engine_args)
+
+
+def _samples(eng: VLLMEngine, run: _Run, side: int) -> list[list[list[int]]] | None:
+    """The distribution check's samples from ``eng`` (None: no check): ``run.dist_samples`` of each of the
+    shortest first turns, seeds apart for each side (0: the target alone, 1: with a draft)."""
+    if not run.dist_samples:
+        return None
+    n = run.dist_samples
+    idx = distribution.pick_prompts(run.first_ids, distribution.PROMPTS)
+    args = {**run.gen_args, "sequential": False, "seed": run.dist_seed + side * 10**6}
+    g = eng.generate([run.first_ids[i] for i in idx for _ in range(n)], distribution.TOKENS, **args)
+    return [g.tokens[j * n : (j + 1) * n] for j in range(len(idx))]
 
 
 def _measure(eng: VLLMEngine, run: _Run, reference: list[list[int]]) -> dict[str, Any]:
@@ -243,7 +268,8 @@ def _batch1_rounds(run: _Run, base: _Baseline, drafts: dict[str, dict], first: d
     for name, ms in measured.items():
         d = drafts[name]
         d["batch1"] = batch1.costs(ms, base.batch1, d["k"])
-        d["lossless"]["ok"] = d["lossless"]["ok"] and d["batch1"]["same_tokens_as_batched"]
+        if run.greedy:  # sampled outputs depend on how requests are batched: equal tokens are not asked there
+            d["lossless"]["ok"] = d["lossless"]["ok"] and d["batch1"]["same_tokens_as_batched"]
 
 
 def _run_draft(
@@ -257,10 +283,12 @@ def _run_draft(
         eng.generate([base.ids[0][:8]], 4, **run.gen_args)  # warm-up
         spec = eng.generate(base.ids, run.max_new_tokens, **run.gen_args)
         b1 = _measure(eng, run, base.tokens) if base.batch1 else None
+        served = _served_config(eng, run)
+        samples = _samples(eng, run, side=1)
     stats = counter_stats(spec.counters, k)
     divergences = []
     for j, (rec, (i, t), st, bt) in enumerate(zip(records, base.jobs, spec.tokens, base.tokens)):
-        dv = divergence(st, bt, prompt=i, id=run.prompts[i].id, turn=t + 1)
+        dv = divergence(st, bt, prompt=i, id=run.prompts[i].id, turn=t + 1) if run.greedy else None
         if dv is not None:
             divergences.append(dv)
         rec["drafts"][name] = {"new_tokens": len(st), "diverges_at": None if dv is None else dv["position"],
@@ -279,17 +307,36 @@ def _run_draft(
         "tokens_per_s": round(tps, 3),
         "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
         "vocab_coverage": vocab_coverage(name, base.tokens),
-        "lossless": {"checked": True, "ok": not divergences, "divergences": divergences},
+        "speculative_config": served,
+        # T > 0: outputs are samples, equal tokens are not asked (the distribution check is)
+        "lossless": {
+            "checked": run.greedy,
+            "ok": not divergences if run.greedy else None,
+            "divergences": divergences,
+        },
     }
+    if samples is not None:
+        entry["distribution"] = distribution.compare(samples, base.samples, distribution.TOKENS)
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
         entry["per_request_consistent"] = bool(
             len(flat) == stats["rounds"] and sum(flat) == stats["accepted_tokens"]
         )
-    run.log(
-        f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless {'yes' if entry['lossless']['ok'] else 'NO'}"
-    )
+    ll = entry["lossless"]
+    run.log(f"{name}: tau {stats['tau']:.3f}, {tps:.1f} tok/s, lossless "
+            + ("n/a (T>0)" if not ll["checked"] else "yes" if ll["ok"] else "NO"))  # fmt: skip
     return entry, b1
+
+
+def _served_config(eng: VLLMEngine, run: _Run) -> dict[str, Any]:
+    """The speculative config ``eng`` runs with, read back; refuses block verification the runner lacks."""
+    served = eng.speculative_settings()
+    if served.get("rejection_sample_method") == "block" and served.get("model_runner") != "v2":
+        raise RuntimeError(
+            "vLLM accepted rejection_sample_method='block' but runs its V1 model runner, which verifies token by "
+            "token: block verification needs Model Runner V2 (a GPU with Triton); rerun without --verify block"
+        )
+    return served
 
 
 def _add_reference(
@@ -335,6 +382,11 @@ def evaluate_vllm(
     trust_remote_code: bool = False,
     engine_kwargs: dict[str, Any] | None = None,
     progress: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    draft_sample: str = "greedy",
+    verify: str = "standard",
+    dist_samples: int = 0,
 ) -> dict:
     """Serve the target with each exported draft in vLLM, and alone; the report as a dict (module doc).
 
@@ -366,12 +418,21 @@ def evaluate_vllm(
         trust_remote_code: allow the target's custom code.
         engine_kwargs: more ``vllm.LLM`` options (unchecked).
         progress: print a line per engine.
+        temperature: 0 = greedy (lossless: equal tokens); > 0 samples, each request seeded (``seed`` + its index).
+        top_p: nucleus sampling's mass at T > 0 (1 = off).
+        draft_sample: ``greedy`` or ``probabilistic`` drafting (SpeculativeConfig ``draft_sample_method``).
+        verify: ``standard`` or ``block`` verification (``rejection_sample_method``; block needs Model Runner V2).
+        dist_samples: T > 0: samples a side of the distribution check (:mod:`specdraft.eval.distribution`, on the
+            ``distribution.PROMPTS`` shortest first turns, ``distribution.TOKENS`` tokens each); 0 = off.
 
     Raises:
         ValueError: bad arguments, or a reference list that does not pair with the exports.
         FileNotFoundError: an export directory without config.json.
     """
     exports = _check_arguments(export_dir, prompts, turns, k, max_new_tokens, reference, batch1_rounds)
+    if not (temperature >= 0 and 0 < top_p <= 1 and dist_samples >= 0) or (dist_samples and not temperature):
+        raise ValueError(f"evaluate_vllm: temperature {temperature} (>= 0), top_p {top_p} (in (0, 1]) and "
+                         f"dist_samples {dist_samples} (>= 0, at T > 0 only) are out of range")  # fmt: skip
     formats = {e: export_format(e) for e in exports}
     dtype = dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     target_dir, tok, stops, plist = _plan(target, prompts, max_prompts, turns, trust_remote_code)
@@ -382,12 +443,16 @@ def evaluate_vllm(
         max_len += 2 * max_new_tokens + 64
     run = _Run(target_dir, tok, plist, ids1, k, max_new_tokens, max_len,
                engine_args=dict(dtype=dtype, max_num_seqs=max_num_seqs, seed=seed,
-                                trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs),
-               gen_args=dict(stop_ids=stops, ignore_eos=ignore_eos, sequential=sequential),
+                                trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs,
+                                draft_sample=draft_sample, verify=verify),
+               gen_args=dict(stop_ids=stops, ignore_eos=ignore_eos, sequential=sequential, temperature=temperature,
+                             top_p=top_p, seed=seed if temperature else None),
                log=lambda msg: print(f"eval[vllm]: {msg}", flush=True) if progress else None,
-               batch1=batch1_prompts, batch1_rounds=batch1_rounds)  # fmt: skip
+               batch1=batch1_prompts, batch1_rounds=batch1_rounds, dist_samples=dist_samples,
+               dist_seed=10**7 + seed)  # fmt: skip
 
-    settings = dict(k=k, max_new_tokens=max_new_tokens, turns=turns, prompts=len(plist), temperature=0.0,
+    settings = dict(k=k, max_new_tokens=max_new_tokens, turns=turns, prompts=len(plist), temperature=temperature,
+                    top_p=top_p, draft_sample=draft_sample, verify=verify, dist_samples=dist_samples,
                     dtype=dtype, ignore_eos=ignore_eos, stop_ids=list(stops), sequential=sequential,
                     batch1_prompts=min(batch1_prompts, len(plist)), batch1_rounds=batch1_rounds,
                     max_num_seqs=max_num_seqs, seed=seed, device="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip

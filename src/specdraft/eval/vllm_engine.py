@@ -1,9 +1,9 @@
 """A target served by vLLM in this process, alone or with an EAGLE-3 or DFlash draft, and its spec-decode counters.
 
 :class:`VLLMEngine` builds vLLM's in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) in fp32
-eager mode, decodes greedily, and reads what vLLM counted (``disable_log_stats=False``): the
-spec-decode counters (:data:`specdraft.eval.stats.COUNTER_NAMES`, as differences of snapshots taken around
-a generation) and, when the installed vLLM has it (``per_request_spec_decode_metrics="detailed"``), the
+eager mode, decodes greedily or samples (temperature, top-p, a seed per request), and reads what vLLM
+counted (``disable_log_stats=False``): the spec-decode counters (:data:`specdraft.eval.stats.COUNTER_NAMES`, as
+differences of snapshots taken around a generation) and, when the installed vLLM has it (``per_request_spec_decode_metrics="detailed"``), the
 accepted count of every round of every prompt. With ``capture_drafter=True`` it also hooks the draft vLLM
 loaded (:mod:`specdraft.eval.vllm_worker`) for the parity check. Every vLLM symbol goes through
 :mod:`specdraft.engine.contract`.
@@ -76,9 +76,24 @@ def _diff_counters(after: dict[str, Any], before: dict[str, Any]) -> dict[str, A
     return out
 
 
+#: the speculative-sampling options of ``eval --engine vllm``, and the SpeculativeConfig field each sets
+SAMPLING_FIELDS = {"draft_sample": "draft_sample_method", "verify": "rejection_sample_method"}
+#: the values specdraft offers for each (vLLM's own names), the first the engine's default
+SAMPLING_VALUES = {"draft_sample": ("greedy", "probabilistic"), "verify": ("standard", "block")}
+
+
+def sampling_methods(draft_sample: str = "greedy", verify: str = "standard") -> dict[str, str]:
+    """The SpeculativeConfig entries for ``draft_sample`` and ``verify``: only those that differ from vLLM's
+    default (a release without the fields serves the defaults)."""
+    chosen = {"draft_sample": draft_sample, "verify": verify}
+    for opt, val in chosen.items():
+        assert val in SAMPLING_VALUES[opt], f"{opt} {val!r}: checked by eval before an engine is built"
+    return {SAMPLING_FIELDS[o]: v for o, v in chosen.items() if v != SAMPLING_VALUES[o][0]}
+
+
 @dataclass
 class Generation:
-    """What one batch of greedy generations returned."""
+    """What one batch of generations returned."""
 
     tokens: list[list[int]]  # new tokens per prompt
     seconds: float  # wall time of LLM.generate
@@ -87,7 +102,7 @@ class Generation:
 
 
 class VLLMEngine:
-    """A target served by vLLM in this process, alone or with an EAGLE-3 draft; greedy generation only.
+    """A target served by vLLM in this process, alone or with an EAGLE-3 draft; greedy or sampled generation.
 
     Args:
         target_dir: HF model directory (or hub id) of the target.
@@ -104,6 +119,11 @@ class VLLMEngine:
         trust_remote_code: allow the target's custom code.
         engine_kwargs: more ``vllm.LLM`` options, passed unchecked.
         method: vLLM's speculative method: ``eagle3``, or ``dflash`` for a DFlash export (k = its block size - 1).
+        draft_sample: how the draft picks its tokens at T > 0 (SpeculativeConfig ``draft_sample_method``):
+            ``greedy`` (its argmax, treated as one-hot by the rejection rule) or ``probabilistic`` (sampled from its
+            distribution, the full ratio test); written into the config only when not ``greedy``.
+        verify: how the target verifies a drafted chain (``rejection_sample_method``): ``standard`` (token by
+            token) or ``block`` (block verification, Sun et al.); written only when not ``standard``.
     """
 
     def __init__(
@@ -121,6 +141,8 @@ class VLLMEngine:
         trust_remote_code: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
         method: str = "eagle3",
+        draft_sample: str = "greedy",
+        verify: str = "standard",
     ):
         if capture_drafter and not draft_dir:
             raise ValueError(
@@ -157,6 +179,10 @@ class VLLMEngine:
                 "model": str(draft_dir),
                 "num_speculative_tokens": k,
             }
+        if (
+            draft_dir
+        ):  # the sampling methods: written only when asked, so a release without them serves the rest
+            kw["speculative_config"].update(sampling_methods(draft_sample, verify))
         if capture_drafter:
             vllm_rpc.ensure_importable_in_workers()
             kw["worker_extension_cls"] = EXTENSION_PATH
@@ -197,8 +223,12 @@ class VLLMEngine:
         stop_ids: Sequence[int] = (),
         ignore_eos: bool = False,
         sequential: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Generation:
-        """Greedy generation for token-id prompts, timed, with the spec-decode counters it produced.
+        """Generation for token-id prompts (greedy, or sampled at ``temperature``), timed, with the spec-decode
+        counters it produced.
 
         Args:
             prompts: token ids per prompt.
@@ -206,21 +236,24 @@ class VLLMEngine:
             stop_ids: end-of-sequence ids (ignored with ``ignore_eos``).
             ignore_eos: always generate ``max_new_tokens``.
             sequential: one prompt per ``LLM.generate`` call (single-stream timing) instead of one batch.
+            temperature: 0 = greedy; > 0 samples (with ``top_p``).
+            top_p: nucleus sampling's mass (1 = the whole distribution).
+            seed: sampled requests get seeds ``seed``, ``seed + 1``, ... in prompt order (reproducible, and the
+                first prompts get the same seeds served one at a time as batched); None: the engine's own stream.
         """
-        sp = engines.call(
-            "vllm.SamplingParams",
-            max_tokens=max_new_tokens,
-            temperature=0.0,
-            detokenize=False,
-            ignore_eos=ignore_eos,
-            stop_token_ids=[] if ignore_eos else [int(t) for t in stop_ids],
-        )
+
+        def params(request_seed: int | None) -> Any:
+            return engines.call("vllm.SamplingParams", max_tokens=max_new_tokens, temperature=float(temperature),
+                                top_p=float(top_p), seed=request_seed, detokenize=False, ignore_eos=ignore_eos,
+                                stop_token_ids=[] if ignore_eos else [int(t) for t in stop_ids])  # fmt: skip
+
+        sps = [params(None if seed is None else int(seed) + i) for i in range(len(prompts))]
         tps = [engines.call("vllm.TokensPrompt", prompt_token_ids=[int(t) for t in p]) for p in prompts]
-        batches = [[t] for t in tps] if sequential else [tps]
+        batches = [([t], [sp]) for t, sp in zip(tps, sps)] if sequential else [(tps, sps)]
         before = self.counters() if self.draft_dir else {}
         outputs: list[Any] = []
         t0 = time.perf_counter()
-        for b in batches:
+        for b, sp in batches:
             outputs += engines.call_method(self.llm, "vllm.LLM.generate", b, sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
         if len(outputs) != len(prompts):
@@ -249,6 +282,23 @@ class VLLMEngine:
             rounds.append(None if steps is None else [int(a) for a in steps])
         per_request = rounds if self.per_request and all(r is not None for r in rounds) else None
         return tokens, per_request
+
+    def speculative_settings(self) -> dict[str, Any]:
+        """The speculative config the engine runs with, read back from it: method, k and the two sampling methods
+        (None where the release has no such field); {} for the target alone."""
+        if not self.draft_dir:
+            return {}
+        config = engines.read(
+            engines.read(self.llm, "vllm.LLM.config", "llm_engine"), "vllm.LLMEngine", "vllm_config"
+        )
+        spec = engines.read(config, "vllm.VllmConfig", "speculative_config")
+        out = {
+            f: engines.read(spec, "vllm.SpeculativeConfig", f) for f in ("method", "num_speculative_tokens")
+        }
+        for f in SAMPLING_FIELDS.values():
+            out[f] = engines.read(spec, "vllm.SpeculativeConfig.sampling", f) if hasattr(spec, f) else None
+        v2 = engines.read(config, "vllm.VllmConfig", "use_v2_model_runner")
+        return out | {"model_runner": "v2" if v2 else "v1"}
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         return vllm_rpc.collective_rpc(self.llm, method, *args)
