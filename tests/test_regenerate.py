@@ -51,7 +51,7 @@ def test_replies_are_the_targets_greedy_replies_turn_by_turn(
     tiny_llama_dir, convs_file, tmp_path, one_thread
 ):
     out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=6,
-                     chunk_size=3)  # fmt: skip
+                     chunk_size=3, temperature=0.0, loops="keep")  # fmt: skip
     got = [json.loads(line)["messages"] for line in out.read_text().splitlines()]
     src = [c["messages"] for c in conversations(7, seed=3)]
     assert len(got) == len(src) == 7
@@ -74,14 +74,14 @@ def test_replies_are_the_targets_greedy_replies_turn_by_turn(
 
 def test_first_turn_only(tiny_llama_dir, convs_file, tmp_path, one_thread):
     out = regenerate(str(convs_file), str(tmp_path / "out"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=3,
-                     turns="first")  # fmt: skip
+                     turns="first", temperature=0.0, loops="keep")  # fmt: skip
     assert all(len(json.loads(line)["messages"]) == 2 for line in out.read_text().splitlines())
 
 
 _RUN = """
 import sys
 from specdraft.data.regenerate import regenerate
-regenerate(sys.argv[1], sys.argv[2], target=sys.argv[3], engine="hf", max_new_tokens=8, chunk_size=1, temperature=0.8, seed=5)
+regenerate(sys.argv[1], sys.argv[2], target=sys.argv[3], engine="hf", max_new_tokens=8, chunk_size=1, temperature=0.8, seed=5, loops="keep")
 """
 
 
@@ -114,20 +114,36 @@ def test_other_settings_on_resume_are_refused(tiny_llama_dir, convs_file, tmp_pa
         engine="hf",
         max_new_tokens=2,
         max_samples=2,
+        temperature=0.0,
+        loops="keep",
     )
     with pytest.raises(ValueError, match=r"other settings \(max_new_tokens: 2 -> 3\)"):
         regenerate(str(convs_file), str(tmp_path / "o"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=3,
-                   max_samples=2)  # fmt: skip
+                   max_samples=2, temperature=0.0, loops="keep")  # fmt: skip
 
 
 def test_bad_inputs(tiny_llama_dir, tmp_path, one_thread):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="no usable conversation"):
-        regenerate(str(empty), str(tmp_path / "a"), target=str(tiny_llama_dir), engine="hf")
+        regenerate(
+            str(empty),
+            str(tmp_path / "a"),
+            target=str(tiny_llama_dir),
+            engine="hf",
+            temperature=0.0,
+            loops="keep",
+        )
     no_user = write_jsonl(tmp_path / "nouser.jsonl", [{"messages": [{"role": "assistant", "content": "hi"}]}])
     with pytest.raises(ValueError, match="no usable conversation"):
-        regenerate(str(no_user), str(tmp_path / "b"), target=str(tiny_llama_dir), engine="hf")
+        regenerate(
+            str(no_user),
+            str(tmp_path / "b"),
+            target=str(tiny_llama_dir),
+            engine="hf",
+            temperature=0.0,
+            loops="keep",
+        )
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [
         {"messages": [{"role": "assistant", "content": "hi"}]},
         {"messages": [{"role": "user", "content": "Hello! How can I help you today?"},
@@ -135,13 +151,18 @@ def test_bad_inputs(tiny_llama_dir, tmp_path, one_thread):
         {"messages": [{"role": "user", "content": "fox " * 400}, {"role": "assistant", "content": "x"}]},
     ])  # fmt: skip
     out = regenerate(str(mixed), str(tmp_path / "c"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=2,
-                     max_prompt_tokens=64)  # fmt: skip
+                     max_prompt_tokens=64, temperature=0.0, loops="keep")  # fmt: skip
     assert len(out.read_text().splitlines()) == 1  # the over-long prompt has no reply to keep
     meta = json.loads((tmp_path / "c" / SETTINGS_FILE).read_text())
     assert meta["totals"]["cut_short"] == 1 and sum(meta["dropped"].values()) == 1
     with pytest.raises(ValueError, match="no such file"):
         regenerate(
-            str(tmp_path / "missing.jsonl"), str(tmp_path / "d"), target=str(tiny_llama_dir), engine="hf"
+            str(tmp_path / "missing.jsonl"),
+            str(tmp_path / "d"),
+            target=str(tiny_llama_dir),
+            engine="hf",
+            temperature=0.0,
+            loops="keep",
         )
 
 
@@ -150,7 +171,9 @@ def test_a_missing_or_empty_target_is_named_before_any_engine_is_chosen(convs_fi
     for target in (tmp_path / "nope", tmp_path / "empty"):
         out = tmp_path / f"out-{target.name}"
         with pytest.raises((ValueError, FileNotFoundError), match=re.escape(str(target))) as e:
-            regenerate(str(convs_file), str(out), target=str(target))  # engine auto: vLLM when installed
+            regenerate(
+                str(convs_file), str(out), target=str(target), temperature=0.0, loops="keep"
+            )  # engine auto: vLLM when installed
         assert "--engine" not in str(e.value) and "\n" not in str(e.value)
         assert not (out / SETTINGS_FILE).exists()  # nothing recorded for a run that never started
 
@@ -163,8 +186,18 @@ def test_a_run_that_wrote_no_chunk_may_restart_with_other_settings(
     (bad / "config.json").write_text("{}")  # a target that fails to load
     out = tmp_path / "o"
     with pytest.raises(ValueError):
-        regenerate(str(convs_file), str(out), target=str(bad), engine="hf", max_samples=2)
-    args = dict(target=str(tiny_llama_dir), engine="hf", max_samples=2, chunk_size=2)
+        regenerate(
+            str(convs_file),
+            str(out),
+            target=str(bad),
+            engine="hf",
+            max_samples=2,
+            temperature=0.0,
+            loops="keep",
+        )
+    args = dict(
+        temperature=0.0, loops="keep", target=str(tiny_llama_dir), engine="hf", max_samples=2, chunk_size=2
+    )
     regenerate(str(convs_file), str(out), max_new_tokens=2, **args)  # the corrected target is not refused
     # a run killed before its first chunk was written (its settings recorded) starts over with other settings
     for f in [*out.glob("chunk-*"), *out.glob(".chunk-*"), out / OUTPUT_FILE]:
@@ -174,7 +207,9 @@ def test_a_run_that_wrote_no_chunk_may_restart_with_other_settings(
 
 
 def test_a_chunk_without_its_totals_is_redone(tiny_llama_dir, convs_file, tmp_path, one_thread):
-    args = dict(target=str(tiny_llama_dir), engine="hf", max_new_tokens=3, chunk_size=2)
+    args = dict(
+        temperature=0.0, loops="keep", target=str(tiny_llama_dir), engine="hf", max_new_tokens=3, chunk_size=2
+    )
     out = regenerate(str(convs_file), str(tmp_path / "o"), **args)
     whole, meta = out.read_bytes(), json.loads((tmp_path / "o" / SETTINGS_FILE).read_text())
     (tmp_path / "o" / ".chunk-00001.totals.json").unlink()  # killed between a chunk and its totals

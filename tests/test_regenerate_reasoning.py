@@ -86,7 +86,15 @@ def test_chat_template_and_its_kwargs_choose_the_prompt(
     tiny_llama_dir, convs_file, tmp_path, capsys, one_thread
 ):
     kw = '{"enable_thinking": false}'
-    args = dict(target=str(tiny_llama_dir), engine="hf", max_new_tokens=4, turns="first", max_samples=3)
+    args = dict(
+        temperature=0.0,
+        loops="keep",
+        target=str(tiny_llama_dir),
+        engine="hf",
+        max_new_tokens=4,
+        turns="first",
+        max_samples=3,
+    )
     out = regenerate(str(convs_file), str(tmp_path / "o"), chat_template=str(HYBRID), chat_template_kwargs=kw,
                      **args)  # fmt: skip
     target = load_target(str(tiny_llama_dir))
@@ -111,7 +119,13 @@ def test_chat_template_and_its_kwargs_choose_the_prompt(
 
 def test_other_template_or_kwargs_on_resume_are_refused(tiny_llama_dir, convs_file, tmp_path, one_thread):
     args = dict(
-        target=str(tiny_llama_dir), engine="hf", max_new_tokens=1, max_samples=1, chat_template=str(HYBRID)
+        temperature=0.0,
+        loops="keep",
+        target=str(tiny_llama_dir),
+        engine="hf",
+        max_new_tokens=1,
+        max_samples=1,
+        chat_template=str(HYBRID),
     )
     regenerate(
         str(convs_file), str(tmp_path / "o"), chat_template_kwargs='{"enable_thinking": false}', **args
@@ -126,7 +140,14 @@ def test_other_template_or_kwargs_on_resume_are_refused(tiny_llama_dir, convs_fi
     with pytest.raises(ValueError, match="--chat-template-kwargs must be a JSON object"):
         regenerate(str(convs_file), str(tmp_path / "p"), chat_template_kwargs="enable_thinking", **args)
     # a run recorded before these settings existed (the tokenizer's own template, no kwargs) still resumes
-    plain = dict(target=str(tiny_llama_dir), engine="hf", max_new_tokens=1, max_samples=1)
+    plain = dict(
+        temperature=0.0,
+        loops="keep",
+        target=str(tiny_llama_dir),
+        engine="hf",
+        max_new_tokens=1,
+        max_samples=1,
+    )
     regenerate(str(convs_file), str(tmp_path / "q"), **plain)
     f = tmp_path / "q" / SETTINGS_FILE
     meta = json.loads(f.read_text())
@@ -183,6 +204,39 @@ def test_replies_that_repeat_themselves_are_counted(hybrid_dir):
     assert tot.looping == tot.looping_tokens == 0 and tot.reply_tokens > 0
 
 
+def test_looping_replies_are_dropped_with_their_conversation_or_trimmed(hybrid_dir):
+    """--loops drop (the default) ends the conversation before a looping reply (a first reply that loops: the
+    conversation is not written); trim cuts it where the repetition starts, with no end of turn; both counted."""
+    from specdraft.data.regenerate import LOOP_N, loop_start
+
+    assert (
+        loop_start([1, 2] + list(range(3, 3 + LOOP_N)) * 3) == 2 + LOOP_N
+        and loop_start(list(range(50))) == 50
+    )
+    tok = load_tokenizer(str(hybrid_dir))
+    prompting, sampling = Prompting(tok, {}, 2048, CONTEXT), Sampling(max_new_tokens=400)
+    looping = Scripted(tok, "Sure. " + "The answer is yes and the answer is no. " * 20)
+    convs, tot = regenerate_chunk(_convs(conversations(3, seed=1)), looping, prompting, sampling, "all", seed=0,
+                                  on_loop="drop")  # fmt: skip
+    assert convs == [] and tot.looping == tot.looping_dropped == 3 and tot.reply_tokens == 0
+    convs, tot = regenerate_chunk(_convs(conversations(3, seed=1)), looping, prompting, sampling, "first", seed=0,
+                                  on_loop="trim")  # fmt: skip
+    replies = [m["content"] for c in convs for m in c.messages if m["role"] == "assistant"]
+    assert len(replies) == 3 == tot.looping_trimmed and tot.replies[LENGTH] == 3
+    ids = tok(replies[0], add_special_tokens=False)["input_ids"]
+    assert not loops(ids) and replies[0].count("The answer is yes") == 1, replies[0]
+
+
+def test_the_default_sampling_is_the_targets_own(tmp_path):
+    """regenerate samples by default at the temperature the target's generation_config names (0.7 without one);
+    do_sample false is greedy."""
+    from specdraft.targets import default_sampling
+
+    assert default_sampling({}) == (0.7, 1.0, "the target's generation_config names none: 0.7")
+    assert default_sampling({"do_sample": True, "temperature": 0.6, "top_p": 0.95})[:2] == (0.6, 0.95)
+    assert default_sampling({"do_sample": False, "temperature": 0.6})[:2] == (0.0, 1.0)
+
+
 @pytest.mark.parametrize("looping_tokens, warned", [(300, True), (50, False)])
 def test_a_run_mostly_of_loops_is_warned_of_with_the_fix(tmp_path, capsys, looping_tokens, warned):
     """The run's report warns, with what to change, when over a tenth of the reply tokens are in looping replies;
@@ -198,9 +252,7 @@ def test_a_run_mostly_of_loops_is_warned_of_with_the_fix(tmp_path, capsys, loopi
         (tmp_path / f".chunk-{k:05d}.totals.json").write_text(json.dumps(totals))
     _finish(tmp_path, {"chat_template_kwargs": {}}, 2, ReadReport())
     out = capsys.readouterr().out
-    assert (
-        "--temperature 0.7" in out and f"2 replies ({looping_tokens} of the 1000 tokens)" in out
-    ) is warned
+    assert ("--loops drop" in out and f"2 replies ({looping_tokens} of the 1000 tokens)" in out) is warned
     meta = json.loads((tmp_path / SETTINGS_FILE).read_text())["totals"]
     assert (meta["looping"], meta["looping_tokens"], meta["reply_tokens"]) == (2, looping_tokens, 1000)
 
@@ -235,7 +287,7 @@ def test_a_prompt_that_opens_the_think_block_gets_its_reasoning_split_at_the_clo
 
 def test_max_new_tokens_0_runs_each_reply_up_to_the_context(tiny_llama_dir, convs_file, tmp_path, one_thread):
     out = regenerate(str(convs_file), str(tmp_path / "o"), target=str(tiny_llama_dir), engine="hf", max_new_tokens=0,
-                     turns="first", max_samples=3, chunk_size=3)  # fmt: skip
+                     turns="first", max_samples=3, chunk_size=3, temperature=0.0, loops="keep")  # fmt: skip
     tok = load_tokenizer(str(tiny_llama_dir))
     prompts = [render(tok, rec["messages"][:1]) for rec in _lines(out)]
     assert len({len(p) for p in prompts}) == 3  # one batch of prompts of three lengths
@@ -262,7 +314,15 @@ def test_a_conversation_ends_before_its_first_tool_call(hybrid_dir, tmp_path, on
         {"messages": chat},
     ]  # fmt: skip
     data = write_jsonl(tmp_path / "tools.jsonl", rows)
-    out = regenerate(str(data), str(tmp_path / "o"), target=str(hybrid_dir), engine="hf", max_new_tokens=3)
+    out = regenerate(
+        str(data),
+        str(tmp_path / "o"),
+        target=str(hybrid_dir),
+        engine="hf",
+        max_new_tokens=3,
+        temperature=0.0,
+        loops="keep",
+    )
     got = _lines(out)
     assert [[m["role"] for m in r["messages"]] for r in got] == [
         ["user", "assistant"],
@@ -303,7 +363,7 @@ def test_vllm_renders_with_the_template_kwargs_and_caps_each_reply_at_the_contex
     vllm_hybrid_dir, convs_file, tmp_path, monkeypatch, one_thread
 ):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    args = dict(target=str(vllm_hybrid_dir), max_new_tokens=0, turns="first", max_samples=3, chunk_size=3,
+    args = dict(temperature=0.0, loops="keep", target=str(vllm_hybrid_dir), max_new_tokens=0, turns="first", max_samples=3, chunk_size=3,
                 chat_template_kwargs='{"enable_thinking": false}')  # fmt: skip
     out = {e: regenerate(str(convs_file), str(tmp_path / e), engine=e, **args) for e in ("hf", "vllm")}
     assert out["vllm"].read_text() == out["hf"].read_text()  # the same prompts, the same greedy replies

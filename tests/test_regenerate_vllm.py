@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
 def test_greedy_replies_equal_between_vllm_and_transformers(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    args = dict(target="smollm2-135m", max_samples=6, max_new_tokens=24, turns="all", chunk_size=4,
+    args = dict(temperature=0.0, loops="keep", target="smollm2-135m", max_samples=6, max_new_tokens=24, turns="all", chunk_size=4,
                 max_prompt_tokens=512)  # fmt: skip
     out = {e: regenerate("sharegpt", str(tmp_path / e), engine=e, **args) for e in ("hf", "vllm")}
     convs = {e: [json.loads(x)["messages"] for x in p.read_text().splitlines()] for e, p in out.items()}
@@ -38,7 +38,21 @@ def test_greedy_replies_equal_between_vllm_and_transformers(tmp_path, monkeypatc
 def test_unknown_engine_options_are_refused_before_the_engine_loads(tmp_path):
     with pytest.raises(ValueError, match=r"\['max_num_seq'\] are not vllm.EngineArgs fields.*did you mean"):
         regenerate(
-            "sharegpt", str(tmp_path / "r"), engine="vllm", max_samples=1, engine_args='{"max_num_seq": 4}'
+            "sharegpt",
+            str(tmp_path / "r"),
+            engine="vllm",
+            max_samples=1,
+            engine_args='{"max_num_seq": 4}',
+            temperature=0.0,
+            loops="keep",
         )
     with pytest.raises(ValueError, match="--engine-args must be a JSON object"):
-        regenerate("sharegpt", str(tmp_path / "r2"), engine="vllm", max_samples=1, engine_args="[1]")
+        regenerate(
+            "sharegpt",
+            str(tmp_path / "r2"),
+            engine="vllm",
+            max_samples=1,
+            engine_args="[1]",
+            temperature=0.0,
+            loops="keep",
+        )

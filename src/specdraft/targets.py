@@ -609,3 +609,20 @@ CHAT_TEMPLATE_FIX = (
 def has_chat_template(tokenizer) -> bool:
     """Whether `tokenizer` can render chats: it has a chat template, its own or one `--chat-template` set."""
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+#: the temperature a target is served at when its generation_config names none (issue 57: teams serve at 0.6-1.0)
+FALLBACK_TEMPERATURE = 0.7
+
+
+def default_sampling(generation_config: dict) -> tuple[float, float, str]:
+    """(temperature, top_p, where they come from) the target is served with by default: its
+    ``generation_config.json`` (``do_sample: false`` is greedy), else FALLBACK_TEMPERATURE and top-p 1."""
+    if generation_config.get("do_sample") is False:
+        return 0.0, 1.0, "generation_config (do_sample false: greedy)"
+    t = generation_config.get("temperature")
+    if isinstance(t, (int, float)) and t >= 0:
+        top_p = generation_config.get("top_p")
+        top_p = float(top_p) if isinstance(top_p, (int, float)) and 0 < top_p <= 1 else 1.0
+        return float(t), top_p, "the target's generation_config"
+    return FALLBACK_TEMPERATURE, 1.0, f"the target's generation_config names none: {FALLBACK_TEMPERATURE}"

@@ -29,6 +29,12 @@ Files of OUT:
                           tool call, replies that repeat themselves (`loops`: warned of), dropped records by reason
     conversations.jsonl   all chunks in input order, written when the last chunk is done
 
+Sampling: by default at the temperature the target is served with (its generation_config's temperature and top-p,
+else 0.7: greedy replies of a small target loop, docs/experiments.md), said when the run starts and recorded;
+`--temperature 0` for greedy. A reply that repeats itself (over half its 8-token windows seen earlier in it) is
+dropped by default with the rest of its conversation (`--loops drop`; `trim` cuts it where the repetition starts,
+`keep` keeps it), counted in the totals.
+
 Resume: rerun the same command; chunks already written are kept, the rest generated. Each chunk draws
 its sampling seed from (--seed, chunk index), so a resumed run writes what an uninterrupted one would.
 """
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -100,6 +107,8 @@ class Totals:
     tool_cut: int = 0  # conversations ended before their first tool call (see the module docstring)
     looping: int = 0  # replies that repeat themselves (`loops`)
     looping_tokens: int = 0  # their tokens
+    looping_dropped: int = 0  # of those, dropped with the rest of their conversation (--loops drop)
+    looping_trimmed: int = 0  # of those, cut where the repetition starts (--loops trim)
 
 
 #: the counts of Totals summed over chunks (replies, by stop reason, is summed per reason)
@@ -117,6 +126,18 @@ def loops(ids: list[int]) -> bool:
         return False
     windows = [tuple(ids[i : i + LOOP_N]) for i in range(len(ids) - LOOP_N + 1)]
     return 1 - len(set(windows)) / len(windows) > LOOP_SHARE
+
+
+def loop_start(ids: list[int]) -> int:
+    """Where a reply starts repeating itself: the first token of its first LOOP_N-token window seen earlier
+    (len(ids) when none is)."""
+    seen = set()
+    for i in range(len(ids) - LOOP_N + 1):
+        w = tuple(ids[i : i + LOOP_N])
+        if w in seen:
+            return i
+        seen.add(w)
+    return len(ids)
 
 
 class HFGenerator:
@@ -214,7 +235,7 @@ def plain_user_turns(messages: list[dict]) -> list[dict]:
 
 def regenerate_chunk(
     convs: list[Conversation], gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int,
-    on_turn: Callable[[int, Totals], None] | None = None,
+    on_turn: Callable[[int, Totals], None] | None = None, on_loop: str = "keep",
 ) -> tuple[list[Conversation], Totals]:  # fmt: skip
     """Regenerate a chunk of conversations turn by turn, all conversations of the chunk batched per turn;
     `on_turn(j, totals so far)` after each turn (progress within a chunk).
@@ -223,6 +244,8 @@ def regenerate_chunk(
     answers with a tool call (`plain_user_turns`); turn j's prompt is the conversation so far with the
     target's own earlier replies. A conversation whose next prompt exceeds `max_prompt_tokens` (or, with
     max_new_tokens 0, leaves no room in the context) ends at the turns already done (dropped if none is).
+    A reply that loops (`loops`) is kept, trimmed where it starts repeating, or dropped with the rest of its
+    conversation, as `on_loop` says (`keep`, `trim`, `drop`).
     """
     tot = Totals()
     users = []
@@ -252,8 +275,18 @@ def regenerate_chunk(
         if not batch:
             break
         new = gen.generate(prompts, caps, sampling, seed * 1_000_003 + j)
+        kept = []
         for i, ids, o in zip(batch, new, opened, strict=True):
             r = _cut(ids, gen.stop_ids)
+            if loops(r.ids):
+                tot.looping, tot.looping_tokens = tot.looping + 1, tot.looping_tokens + len(r.ids)
+                if on_loop == "drop":  # the conversation ends before this reply
+                    tot.looping_dropped += 1
+                    continue
+                if on_loop == "trim":  # cut where it starts repeating: no end of turn was generated there
+                    tot.looping_trimmed += 1
+                    r = Reply(r.ids[: loop_start(r.ids)], LENGTH)
+            kept.append(i)
             reasoning, content = split_reasoning(prompting.tokenizer.decode(r.ids), o)
             reply = {
                 "role": "assistant",
@@ -264,9 +297,7 @@ def regenerate_chunk(
             tot.replies[r.stop] += 1
             tot.with_reasoning += bool(reasoning)
             tot.reply_tokens += len(r.ids)
-            if loops(r.ids):
-                tot.looping, tot.looping_tokens = tot.looping + 1, tot.looping_tokens + len(r.ids)
-        alive = batch
+        alive = kept
         if on_turn is not None:
             on_turn(j, tot)
     out = [
@@ -337,7 +368,7 @@ def _usable(data: Path, max_samples: int) -> tuple[list[Conversation], ReadRepor
 
 def _check_args(src: Path, data: str, engine: str, sampling: Sampling, turns: str, chunk_size: int,
                 max_prompt_tokens: int, chat_template: str, chat_template_kwargs: str, dtype: str,
-                tensor_parallel_size: int, engine_args: str) -> dict:  # fmt: skip
+                tensor_parallel_size: int, engine_args: str, on_loop: str = "drop") -> dict:  # fmt: skip
     """Every bad argument in one ValueError, before anything loads; returns the parsed --engine-args."""
     from specdraft.engine.options import parse_engine_args
     from specdraft.fileio import DTYPES
@@ -345,6 +376,8 @@ def _check_args(src: Path, data: str, engine: str, sampling: Sampling, turns: st
     errors = []
     if turns not in ("first", "all"):
         errors.append(f"--turns must be `first` or `all`, not {turns!r}")
+    if on_loop not in ("drop", "trim", "keep"):
+        errors.append(f"--loops must be `drop`, `trim` or `keep`, not {on_loop!r}")
     if engine not in ("auto", "hf", "vllm"):
         errors.append(f"--engine must be `auto`, `hf` or `vllm`, not {engine!r}")
     if engine == "hf" and (tensor_parallel_size != 1 or engine_args):
@@ -367,7 +400,7 @@ def _check_args(src: Path, data: str, engine: str, sampling: Sampling, turns: st
     for name, v in (("chunk-size", chunk_size), ("max-prompt-tokens", max_prompt_tokens)):
         if v < 1:
             errors.append(f"--{name} must be at least 1, not {v}")
-    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+    if not (sampling.temperature >= 0 and math.isfinite(sampling.temperature)) or not 0 < sampling.top_p <= 1:
         errors.append(f"--temperature must be >= 0 and --top-p in (0, 1], not {sampling.temperature} and {sampling.top_p}")  # fmt: skip
     if not src.is_file():
         errors.append(f"{data}: no such file (give a conversations file, or `sharegpt`)")
@@ -381,8 +414,9 @@ def regenerate(
     out: str,
     target: str = EMBEDDED_DEFAULT,
     engine: Literal["auto", "hf", "vllm"] = "auto",
-    temperature: float = 0.0,
-    top_p: float = 1.0,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    loops: Literal["drop", "trim", "keep"] = "drop",
     max_new_tokens: int = 512,
     max_samples: int = 0,
     turns: Literal["first", "all"] = "all",
@@ -406,8 +440,11 @@ def regenerate(
         target: the target model (a directory, or `smollm2-135m`, the embedded default).
         engine: `vllm` (batched, the fast path), `hf` (transformers batched generation), or `auto`: vLLM when
             installed. Greedy replies are the same either way.
-        temperature: sampling temperature (0 = greedy).
-        top_p: nucleus sampling mass.
+        temperature: sampling temperature (0 = greedy); default: the target's own (its generation_config's
+            temperature, else 0.7), said when the run starts.
+        top_p: nucleus sampling mass; default: the target's generation_config's top_p, else 1.
+        loops: a reply that repeats itself (over half its 8-token windows seen earlier in it): `drop` it with the
+            rest of its conversation, `trim` it where the repetition starts, or `keep` it (counted either way).
         max_new_tokens: reply length cap (a reply cut there is recorded with stop reason `length`); 0 = up to
             the target's context: max_position_embeddings of its config minus each prompt's length.
         max_samples: use only the first N usable conversations (0 = all).
@@ -430,9 +467,9 @@ def regenerate(
     from specdraft.targets import load_tokenizer, locate_target
 
     src = sharegpt_path() if data == "sharegpt" else Path(data)
-    sampling = Sampling(temperature, top_p, max_new_tokens)
+    sampling = _sampling(target, temperature, top_p, max_new_tokens)
     extra = _check_args(src, data, engine, sampling, turns, chunk_size, max_prompt_tokens, chat_template,
-                        chat_template_kwargs, dtype, tensor_parallel_size, engine_args)  # fmt: skip
+                        chat_template_kwargs, dtype, tensor_parallel_size, engine_args, loops)  # fmt: skip
     # a missing or empty target is named here, before any engine is chosen
     target_dir = locate_target(target, need="config")
     tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
@@ -445,9 +482,10 @@ def regenerate(
     prompting = Prompting(tokenizer, kwargs, max_prompt_tokens, context)
     root = Path(out)
     settings = _settings(src, target, sampling, turns, max_samples, chunk_size, seed, max_prompt_tokens,
-                         template_identity(tokenizer, kwargs))  # fmt: skip
+                         template_identity(tokenizer, kwargs)) | {"loops": loops}  # fmt: skip
     with DirLock(root, "regeneration"):
-        _check_resume(root, settings, recorded_before)
+        # a run recorded before loops were handled kept them; before sampling was the default it was greedy
+        _check_resume(root, settings, recorded_before | {"loops": "keep"})
         convs, report = _usable(src, max_samples)
         chunks = [convs[i : i + chunk_size] for i in range(0, len(convs), chunk_size)]
         todo = [k for k in range(len(chunks)) if not _chunk_done(root, k)]
@@ -469,11 +507,26 @@ def regenerate(
             atomic_write_text(root / SETTINGS_FILE, json.dumps(started, indent=1))
             print(f"regenerate: {len(todo)} of {len(chunks)} chunks to generate with {engine}", flush=True)
             try:
-                _run_chunks(root, chunks, todo, gen, prompting, sampling, turns, seed)
+                _run_chunks(root, chunks, todo, gen, prompting, sampling, turns, seed, loops)
             finally:
                 if hasattr(gen, "close"):
                     gen.close()  # the engine's memory back before the next stage loads anything
         return _finish(root, settings, len(chunks), report)
+
+
+def _sampling(target: str, temperature: float | None, top_p: float | None, max_new_tokens: int) -> Sampling:
+    """The sampling settings: those given, the rest the target's own (generation_config, else T 0.7), said."""
+    from specdraft.targets import default_sampling, locate_target, read_generation_config
+
+    if temperature is not None and top_p is not None:
+        return Sampling(temperature, top_p, max_new_tokens)
+    t, p, source = default_sampling(read_generation_config(locate_target(target, need="config")))
+    t = t if temperature is None else temperature
+    p = p if top_p is None else top_p
+    how = "greedy" if t == 0 else f"temperature {t:g}, top-p {p:g}"
+    print(f"regenerate: sampling {how} ({'given' if temperature is not None else source}; --temperature 0 for "
+          "greedy)", flush=True)  # fmt: skip
+    return Sampling(t, p, max_new_tokens)
 
 
 def _context_length(target: str, trust_remote_code: bool) -> int:
@@ -522,7 +575,15 @@ def _vllm_generator(target: str, target_dir: Path, tokenizer, dtype: str, max_mo
 
 
 def _run_chunks(
-    root: Path, chunks, todo, gen, prompting: Prompting, sampling: Sampling, turns: str, seed: int
+    root: Path,
+    chunks,
+    todo,
+    gen,
+    prompting: Prompting,
+    sampling: Sampling,
+    turns: str,
+    seed: int,
+    on_loop: str,
 ) -> None:
     bar = tqdm(total=sum(len(chunks[k]) for k in todo), unit="conv", desc="regenerate", mininterval=1.0)
     t0, ntok = time.time(), 0
@@ -537,7 +598,7 @@ def _run_chunks(
             bar.set_postfix(chunk=k, turn=j + 1, tokens=n, tok_s=rate(n))
 
         convs, tot = regenerate_chunk(
-            chunks[k], gen, prompting, sampling, turns, seed * 100_003 + k, turn_done
+            chunks[k], gen, prompting, sampling, turns, seed * 100_003 + k, turn_done, on_loop
         )
         lines = "".join(json.dumps({"messages": c.messages, **({"tools": c.tools} if c.tools else {}), "chunk": k})
                         + "\n" for c in convs)  # fmt: skip
@@ -573,10 +634,15 @@ def _finish(root: Path, settings: dict, n_chunks: int, report: ReadReport) -> Pa
           + (f"; {total.tool_cut} conversations ended before their first tool call" if total.tool_cut else "")
           + (f"; chat template kwargs {json.dumps(kwargs)} (prepare with the same)" if kwargs else "")
           + (f"; dropped: {drops}" if drops else ""))  # fmt: skip
-    if total.looping_tokens * 10 > total.reply_tokens:  # over a tenth of the tokens
+    if total.looping:
+        print(f"regenerate: {total.looping} replies repeated themselves ({total.looping_tokens} tokens): "
+              f"{total.looping_dropped} dropped with the rest of their conversation, {total.looping_trimmed} trimmed "
+              f"where the repetition starts, the rest kept (--loops {settings.get('loops', 'keep')})", flush=True)  # fmt: skip
+    kept_loops = total.looping - total.looping_dropped - total.looping_trimmed
+    if kept_loops and total.looping_tokens * 10 > total.reply_tokens:  # over a tenth of the tokens
         print(f"regenerate: warning: {total.looping} replies ({total.looping_tokens} of the {total.reply_tokens} "
               f"tokens) repeat themselves (over half their {LOOP_N}-token windows seen earlier in the reply): a "
               "draft trained on them learns the loops (docs/experiments.md: such data trained a worse draft than "
-              "the original replies). Sample instead of greedy (--temperature 0.7), lower --max-new-tokens, or "
-              "train on the data's own replies", flush=True)  # fmt: skip
+              "the original replies). Sample instead of greedy (leave --temperature out: the target's own), drop "
+              "them (--loops drop), lower --max-new-tokens, or train on the data's own replies", flush=True)  # fmt: skip
     return root / OUTPUT_FILE
