@@ -12,12 +12,16 @@ CALL = {"type": "function", "id": "c1", "function": {"name": "weather", "argumen
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
 
 
-def test_content_parts_are_joined():
+def test_content_parts_are_joined_as_vllm_joins_them_and_kept_as_given():
+    parts = [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]
     conv, why = normalize_record({"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}]})  # fmt: skip
+        {"role": "user", "content": parts}, {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}]})  # fmt: skip
     assert why is None
-    assert [m["content"] for m in conv.messages] == ["Hi there", "Hello."]
+    assert [m["content"] for m in conv.messages] == [
+        "Hi \nthere",
+        "Hello.",
+    ]  # vLLM's join for a string template
+    assert conv.parts == {0: parts, 1: [{"type": "text", "text": "Hello."}]}  # what a client sends
 
 
 def test_tool_calls_results_and_tools_reach_the_template():

@@ -59,20 +59,30 @@ def _vllm_chat_renderer(target_dir: str):
                      tokenize=True, user_kwargs=kwargs, **args)  # fmt: skip
         return text, list(ids)
 
+    def encode(
+        text: str,
+    ) -> list[int]:  # the engine's tokenizer on text (the prompt and turn a target is served)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
     hf_config = engines.read(config, "vllm.ModelConfig.render", "hf_config")
-    return render, engines.installed_version("vllm") or "?", getattr(hf_config, "model_type", "")
+    return render, engines.installed_version("vllm") or "?", getattr(hf_config, "model_type", ""), encode
 
 
 @dataclass
 class EngineRenderer:
-    """The engine's rendering of a target's chats: `render(messages, tools, gen, kwargs) -> (text, ids)`."""
+    """The engine's rendering of a target's chats: `render(messages, tools, gen, kwargs) -> (text, ids)`, and its
+    tokenizer: `encode(text) -> ids` (no special tokens added: a rendering holds its own)."""
 
     name: str
     _render: object
     chat_template: str | None
+    _encode: object = None
 
     def render(self, messages: list[dict], tools, gen: bool, kwargs: dict) -> tuple[str, list[int]]:
         return self._render(messages, tools, self.chat_template, gen, kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
 
 
 def engine_renderer(target_dir: str | Path | None, chat_template: str | None, choice: str = "auto"):
@@ -91,7 +101,7 @@ def engine_renderer(target_dir: str | Path | None, chat_template: str | None, ch
         why = "the target has no config.json for vLLM to load"
     else:
         try:
-            render, version, model_type = _vllm_chat_renderer(str(target_dir))
+            render, version, model_type, encode = _vllm_chat_renderer(str(target_dir))
         except ImportError as e:
             why = f"vLLM is not importable ({e})"
         except Exception as e:  # vLLM cannot take this target: the template stays the check, said why
@@ -101,18 +111,20 @@ def engine_renderer(target_dir: str | Path | None, chat_template: str | None, ch
                 why = (f"vLLM renders {model_type} models through {_OWN_RENDERERS[model_type]}, not the template "
                        "(not driven by specdraft yet)")  # fmt: skip
             else:
-                return EngineRenderer(f"vllm {version}", render, chat_template), f"vllm {version}"
+                return EngineRenderer(f"vllm {version}", render, chat_template, encode), f"vllm {version}"
     if choice == "vllm":
         raise ValueError(f"--renderer vllm: {why}; pass --renderer template to check with the template alone")
     return None, f"template ({why})"
 
 
-def as_client_sends(messages: list[dict]) -> list[dict]:
+def as_client_sends(messages: list[dict], parts: dict[int, list[dict]] | None = None) -> list[dict]:
     """Messages as an OpenAI client sends them back to vLLM: reasoning in `reasoning` (the field vLLM reads),
-    tool-call arguments as JSON text."""
+    tool-call arguments as JSON text, content given as text parts (`parts`, by message) sent as those parts."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         m = dict(m)
+        if parts and i in parts:
+            m["content"] = parts[i]
         if "reasoning_content" in m:
             m["reasoning"] = m.pop("reasoning_content")
         if m.get("tool_calls"):

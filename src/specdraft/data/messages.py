@@ -3,8 +3,10 @@
 What a record may hold, and what each becomes (every record dropped keeps a reason that is true):
 - OpenAI `messages` (`role`, `content`) or ShareGPT `conversations` (`from`, `value`; human/gpt/...).
 - `content` as a string or a list of parts: text parts (`{"type": "text", "text": ...}`, or bare strings)
-  are joined with no separator; an image, audio, video or file part drops the record ("image part", ...),
-  since the draft is trained on the text the target sees.
+  are joined with a newline, as vLLM joins them for a template that takes a string; the parts themselves are
+  kept aside (`Conversation.parts`, as `{"type": "text", "text": ...}`), what a client sends and what vLLM gives
+  a template that iterates them (`render.as_sent`); an image, audio, video or file part drops the record
+  ("image part", ...), since the draft is trained on the text the target sees.
 - Assistant `tool_calls` (`{"type": "function", "id", "function": {"name", "arguments"}}`): arguments given
   as a JSON string are parsed into an object (a template renders them with `tojson`); arguments that are
   not JSON drop the record. A `tool` turn (its `content` the result, `tool_call_id`/`name`) must follow
@@ -69,6 +71,7 @@ _ASIDE = (
     "_inline",
     "_parsed",
     "_arguments_text",
+    "_parts",
 )  # kept aside while normalising, then moved into the Conversation
 _MEDIA = {"image": "image part", "image_url": "image part", "input_image": "image part", "audio": "audio part",
           "input_audio": "audio part", "audio_url": "audio part", "video": "video part", "video_url": "video part",
@@ -91,6 +94,10 @@ class Conversation:
     parsed: dict[int, tuple[str, str]] = field(
         default_factory=dict
     )  # inline: (reasoning, content) as vLLM splits
+    # message -> its text parts as the data gave them; `sends_parts`: the template iterates text parts (vLLM's
+    # "openai" content format), so `render.as_sent` gives them to it instead of their join
+    parts: dict[int, list[dict]] = field(default_factory=dict)
+    sends_parts: bool = False
 
     @property
     def has_reasoning(self) -> bool:
@@ -119,7 +126,9 @@ def normalize_record(record, repairs: list[str] | None = None) -> tuple[Conversa
     parsed = {i: m.pop("_parsed") for i, m in enumerate(msgs) if "_parsed" in m}
     texts = {(i, j): c.pop("_arguments_text") for i, m in enumerate(msgs)
              for j, c in enumerate(m.get("tool_calls") or []) if "_arguments_text" in c}  # fmt: skip
-    return Conversation(msgs, tools, inline, texts, parsed=parsed), None
+    parts = {i: m.pop("_parts") for i, m in enumerate(msgs) if "_parts" in m}
+    parts = {i: p for i, p in parts.items() if i not in inline and _joined(p) == msgs[i]["content"]}
+    return Conversation(msgs, tools, inline, texts, parsed=parsed, parts=parts), None
 
 
 def _message(turn) -> dict:
@@ -130,7 +139,8 @@ def _message(turn) -> dict:
     role = _ROLE_MAP.get(str(raw_role).lower()) if raw_role is not None else None
     if role is None:
         raise Dropped("unknown role")
-    content = _text(turn.get("content", turn.get("value")))
+    given = turn.get("content", turn.get("value"))
+    content = _text(given)
     if role == "function_call":  # ShareGPT: the call itself is the turn's value
         return {
             "role": "assistant",
@@ -138,6 +148,8 @@ def _message(turn) -> dict:
             "tool_calls": [_tool_call({"function": _json(content)}, 0)],
         }
     msg: dict = {"role": role, "content": content}
+    if isinstance(given, list):  # the parts as given, kept while the content is their join (normalize_record)
+        msg["_parts"] = [{"type": "text", "text": p if isinstance(p, str) else p["text"]} for p in given]
     if role == "assistant":
         _reasoning(turn, msg)
         calls = turn.get("tool_calls") or (
@@ -182,8 +194,13 @@ def _hermes_calls(text: str) -> tuple[str, list[dict]]:
     return text[:first].rstrip(), calls
 
 
+def _joined(parts: list[dict]) -> str:
+    """Text parts as vLLM joins them for a template that takes a string: with a newline."""
+    return "\n".join(p["text"] for p in parts)
+
+
 def _text(content) -> str:
-    """A string content, or the text parts of a content list joined; media parts are refused."""
+    """A string content, or the text parts of a content list joined (`_joined`); media parts are refused."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -202,7 +219,7 @@ def _text(content) -> str:
         if kind not in ("text", "input_text", "output_text") or not isinstance(part.get("text"), str):
             raise Dropped(f"unknown content part {kind!r}")
         out.append(part["text"])
-    text = "".join(out)
+    text = "\n".join(out)
     _check_utf8(text)
     return text
 
@@ -293,7 +310,7 @@ def _hermes_results(msgs: list[dict]) -> list[dict]:
                 at = b.end()
             if at < len(text) or not blocks:
                 raise Dropped("Hermes-style <tool_response> turn with other text in it")
-            out += [{**{k: v for k, v in m.items() if k != "content"}, "role": "tool", "content": r}
+            out += [{**{k: v for k, v in m.items() if k not in ("content", "_parts")}, "role": "tool", "content": r}
                     for r in blocks]  # fmt: skip
             continue
         out.append(m)

@@ -86,6 +86,9 @@ _EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the con
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_WITH_CLOSE = re.compile(r"</think>")  # a turn that starts with its own close tag
 _OPENS_THINK = re.compile(r"<think>\s*$")
+_ONLY_TAGS = re.compile(
+    r"\s*(<think>)?\s*(</think>)?\s*$"
+)  # a turn's part before the renderer's text, reasoning out
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 _CHANNELS = re.compile(
@@ -130,6 +133,7 @@ class Traits:
     opens_think: bool
     name: str | None = None
     channels: bool = False
+    parts: bool = False  # it iterates a message's text parts (vLLM then gives them as a list, not joined)
 
 
 def has_generation_markers(tokenizer) -> bool:
@@ -154,6 +158,11 @@ def as_sent(conv: Conversation, n: int) -> list[dict]:
     as the reasoning parser splits it (`Conversation.parsed`, the whitespace rule), each turn's reasoning under
     the field the template reads (`Conversation.reasoning_name`) instead of `reasoning_content`."""
     msgs = conv.messages[:n]
+    if (
+        conv.sends_parts and conv.parts
+    ):  # as vLLM gives them to a template that iterates them (not tool results)
+        msgs = [{**m, "content": conv.parts[i]} if i in conv.parts and m["role"] != "tool" else m
+                for i, m in enumerate(msgs)]  # fmt: skip
     if conv.parsed:
         msgs = [{**m, "reasoning_content": conv.parsed[i][0], "content": conv.parsed[i][1]}
                 if i in conv.parsed and "reasoning_content" in m else m for i, m in enumerate(msgs)]  # fmt: skip
@@ -183,7 +192,7 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
     kwargs = kwargs or {}
     conv = _takes_arguments(tokenizer, conv, kwargs)
     traits = template_traits(tokenizer, kwargs)
-    conv = replace(conv, reasoning_name=traits.name or "reasoning_content")
+    conv = replace(conv, reasoning_name=traits.name or "reasoning_content", sends_parts=traits.parts)
     conv, left_out = _reasoning_as_the_template_shows_it(conv, traits, reasoning_format)
     said = [REASONING_LEFT_OUT_CHANNELS if traits.channels else REASONING_LEFT_OUT] * left_out
     if has_generation_markers(tokenizer) and not conv.tools and not conv.has_reasoning:
@@ -291,17 +300,21 @@ def _stop_after(
 
 def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], samples: list[Sample],
                   kwargs: dict) -> None:  # fmt: skip
-    """The engine check: for each turn, the engine renders the messages before it (as a client sends them) with
-    its generation prompt to the sample's prompt, text and token ids, and the messages through it to the
-    template's rendering of the turn (`upto`); else `Dropped` naming the engine and the first difference."""
+    """The engine check: for each turn, the engine renders the messages before it (as a client sends them: reasoning
+    in `reasoning`, text parts as given) with its generation prompt to the sample's prompt, text and token ids, the
+    messages through it to the template's rendering of the turn (`upto`), and the scored turn is what the target
+    writes after that prompt as the engine renders the conversation (`_check_scored`); else `Dropped` naming the
+    engine and the first difference."""
     from specdraft.data.engine_render import as_client_sends, first_difference
 
-    client = replace(conv, reasoning_name="reasoning_content")
+    client = replace(conv, reasoning_name="reasoning_content", sends_parts=False)
+    sent = as_client_sends(as_sent(client, len(conv.messages)), conv.parts)
     for k, ((i, t), sample) in enumerate(zip(turns, samples)):
         n = sample.prompts[k if len(sample.prompts) > 1 else 0]
         try:
-            text, ids = engine.render(as_client_sends(as_sent(client, i)), conv.tools, True, kwargs)
-            upto, _ = engine.render(as_client_sends(as_sent(client, i + 1)), conv.tools, False, kwargs)
+            text, ids = engine.render(sent[:i], conv.tools, True, kwargs)
+            upto, _ = engine.render(sent[: i + 1], conv.tools, False, kwargs)
+            history = upto if upto.startswith(text) else engine.render(sent[:i], conv.tools, False, kwargs)[0]
         except Exception as e:  # the engine refuses what the template renders: no true sample
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise Dropped(f"{engine.name} refuses the conversation the template renders: {msg}") from e
@@ -315,6 +328,61 @@ def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], sam
             raise Dropped(
                 f"{engine.name} renders a turn unlike the template: {first_difference(t.upto, upto)}"
             )
+        reasoning = (conv.messages[i].get("reasoning_content") or "").strip()
+        _check_scored(engine, t, sample, n, (text, upto, history), reasoning)
+
+
+def engine_turn(before: str, upto: str, history: str) -> tuple[str, bool]:
+    """(the text a renderer shows for a turn after its prompt `before`, whether the prompt opens a think block the
+    rendering of the turn lacks): `upto` past `before` when it extends it; else `upto` past the history and the
+    prompt's header (the prompt past the history, less a trailing `<think>`), and past that `<think>` when the
+    turn's rendering has it. `history`: the messages before the turn rendered without the prompt."""
+    if upto.startswith(before):
+        return upto[len(before) :].rstrip(), False
+    gen = before[len(history) :] if before.startswith(history) else ""
+    opens = _OPENS_THINK.search(gen)
+    header = gen[: opens.start()] if opens else gen
+    at = len(history) if upto.startswith(history) else upto.rfind(header) if header else -1
+    if at < 0 or not upto.startswith(header, at):
+        return "", False
+    body = upto[at + len(header) :]
+    if opens and body.startswith(gen[opens.start() :]):
+        return body[len(gen) - opens.start() :].rstrip(), False
+    return body.rstrip(), bool(opens)
+
+
+def _check_scored(
+    engine, t: Turn, sample: Sample, n: int, shown: tuple[str, str, str], reasoning: str
+) -> None:
+    """The scored turn against the engine (what the target must generate after the prompt, token by token): the
+    engine's own text of the turn (`engine_turn`) ends it, before that comes nothing but the turn's reasoning and
+    its think tags, one closing tag at most (one exactly after a prompt that opens a think block) and no opening
+    one after such a prompt, and the engine's tokenizer makes the sample's ids of the prompt and the turn (a
+    turn's stop id after it) from the engine's prompt followed by the turn. `shown`: the engine's (prompt, rendering
+    through the turn, history) texts."""
+    from specdraft.data.engine_render import first_difference
+
+    before = shown[0]
+    shown, opened = engine_turn(*shown)
+    empty = _EMPTY_BLOCK.match(shown)
+    if (
+        reasoning and empty and not t.text.endswith(shown)
+    ):  # an empty think block where the reasoning goes (Kimi)
+        shown = shown[empty.end() :]
+    head = t.text[: len(t.text) - len(shown)]
+    if not t.text.endswith(shown) or not _ONLY_TAGS.match(
+        head.replace(reasoning, "", 1) if reasoning else head
+    ):
+        raise Dropped(f"{engine.name} renders the scored turn unlike the sample: "
+                      f"{first_difference(t.text[::-1], shown[::-1])} (from the end)")  # fmt: skip
+    closes, opens = t.text.count("</think>"), t.text.count("<think>")
+    if closes > 1 or opens > 1 or (opened and (closes != 1 or opens)):
+        raise Dropped(f"{engine.name}: the scored turn holds {opens} <think> and {closes} </think> after a prompt "
+                      f"that {'opens' if opened else 'opens no'} think block")  # fmt: skip
+    ids = engine.encode(before + t.text + t.stop)
+    if ids != sample.input_ids[: len(ids)] or len(ids) < n:
+        raise Dropped(f"{engine.name} tokenizes the prompt and scored turn unlike the sample: "
+                      f"{first_difference(sample.input_ids, ids, 'token')}")  # fmt: skip
 
 
 def _straddled(offsets, points: list[int]) -> bool:
@@ -379,7 +447,8 @@ def _reasoning_as_the_template_shows_it(
             else:
                 left_out += 1
         msgs.append(m)
-    return replace(conv, messages=msgs, inline_reasoning={}, parsed={}), left_out
+    parts = {i: p for i, p in conv.parts.items() if msgs[i]["content"] == conv.messages[i]["content"]}
+    return replace(conv, messages=msgs, inline_reasoning={}, parsed={}, parts=parts), left_out
 
 
 def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Traits | None = None,
@@ -499,7 +568,20 @@ def _probe(tokenizer, kwargs: dict) -> Traits:
             close = _CLOSE_THINK.match(text, at + len(_PROBE))
             if think is None and open_ and close and field_name == name:
                 think = (open_.group(0), close.group(0))
-    return Traits(think, opens, name, channels)
+    return Traits(think, opens, name, channels, _iterates_parts(tokenizer, kwargs))
+
+
+def _iterates_parts(tokenizer, kwargs: dict) -> bool:
+    """Whether the template renders a user message's text parts given as a list (as vLLM gives them to a
+    template that iterates `content`): each part's text, and no trace of the list itself."""
+    parts = [{"type": "text", "text": f"{_PROBE}-{k}"} for k in "AB"]
+    conv = Conversation([{"role": "user", "content": "\n".join(p["text"] for p in parts)}], parts={0: parts},
+                        sends_parts=True)  # fmt: skip
+    try:
+        text = render(tokenizer, conv, 1, True, kwargs)
+    except Dropped:
+        return False
+    return all(p["text"] in text for p in parts) and "'text'" not in text and '"text"' not in text
 
 
 def _check_turn(tokenizer, t: Turn, sample: Sample, n_prompt: int) -> None:
