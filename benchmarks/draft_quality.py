@@ -69,6 +69,11 @@ ARMS = {  # name: what changes against BASE
     # content words: ' orbital', ' majestic', ...), which no draft can propose; lm_head starts at the target's rows
     "vocab16k": {"draft_vocab_size": 16384},
     "vocab32k": {"draft_vocab_size": 32768},
+    # the losses around today's quickstart default (kl+epochs2) that aim at acceptance itself (issue 57: TV and LK
+    # are reported to gain most at T = 1)
+    "tv2": {**SOFT, "loss": "tv", "epochs": 2},
+    "lk2": {**SOFT, "loss": "lk", "epochs": 2},
+    "nla2": {**SOFT, "loss": "nla", "epochs": 2},
 }
 
 
@@ -205,6 +210,15 @@ def main() -> None:
     p.add_argument("--k", type=int, default=3, help="draft tokens a round when served")
     p.add_argument("--serve-out", default="serve", help="the serving report's directory under --out")
     p.add_argument("--train-only", action="store_true", help="train and export, serve nothing")
+    p.add_argument("--temperatures", default="0", metavar="T,T",
+                   help="serve every arm at each temperature (issue 57: 0,0.7,1); each (T, drafting) pair is one vLLM "
+                        "run, its report kept under --out and reused by a rerun")  # fmt: skip
+    p.add_argument(
+        "--draft-samples",
+        default="greedy",
+        metavar="M,M",
+        help="vLLM's drafting at T > 0: greedy,probabilistic (T = 0 is greedy only)",
+    )
     p.add_argument("--out", default="runs/bench-draft-quality")
     a = p.parse_args()
     root = Path(a.out)
@@ -222,6 +236,9 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     if a.train_only:
         return
+    temps = [float(t) for t in a.temperatures.split(",")]
+    if temps != [0.0]:
+        return sampled_table(rows, root, a, temps, a.draft_samples.split(","))
     rep = evaluate_vllm([r["export"] for r in rows], prompts="mtbench", k=a.k, max_new_tokens=64,
                         max_prompts=a.prompts, batch1_prompts=a.batch1_prompts, batch1_rounds=a.batch1_rounds,
                         out=str(root / a.serve_out))  # fmt: skip
@@ -248,6 +265,61 @@ def main() -> None:
     png = plot_epochs(rows, root / f"tau-by-epochs-{a.serve_out}.png")
     if png:
         print(f"tau by epochs: {png}")
+
+
+def sampled_table(rows: list[dict], root: Path, a, temps: list[float], methods: list[str]) -> None:
+    """Every arm served at each temperature and drafting method (one vLLM run each, its report reused when
+    there): a table of tau, arm by (T, drafting), with the batched speed-up, and tau-by-temperature.png."""
+    cols = [(t, m) for t in temps for m in (["greedy"] if t == 0 else methods)]
+    results = {}
+    for t, m in cols:
+        out = root / f"{a.serve_out}-T{t:g}-{m}"
+        f = out / "report_vllm.json"
+        exports = [r["export"] for r in rows]
+        rep = json.loads(f.read_text()) if f.exists() else {}
+        if set(rep.get("drafts", {})) != set(exports):
+            shutil.rmtree(out, ignore_errors=True)
+            rep = evaluate_vllm(exports, prompts="mtbench", k=a.k, max_new_tokens=64, max_prompts=a.prompts,
+                                batch1_prompts=0, out=str(out), temperature=t, draft_sample=m)  # fmt: skip
+        results[(t, m)] = rep
+    head = "".join(f"{f'T={t:g} {m[:5]}':>14}" for t, m in cols)
+    print(
+        f"\n{'arm':<24}{head}   (vLLM tau over {a.prompts} MT-bench first turns, k={a.k}; batched speed-up)"
+    )
+    for r in rows:
+        cells = []
+        for c in cols:
+            d = results[c]["drafts"][r["export"]]
+            cells.append(f"{d['tau']:.3f} x{d['speedup'] or 0:.2f}")
+            r[f"tau_T{c[0]:g}_{c[1]}"] = round(d["tau"], 3)
+        print(f"{r['arm']:<24}" + "".join(f"{x:>14}" for x in cells))
+    (root / f"table-{a.serve_out}-sampled.json").write_text(json.dumps(rows, indent=1))
+    print(
+        f"tau by temperature: {plot_temperatures(rows, cols, root / f'tau-by-temperature-{a.serve_out}.png')}"
+    )
+
+
+def plot_temperatures(rows: list[dict], cols: list[tuple[float, str]], png: Path) -> Path:
+    """tau against the serving temperature, a line per arm and drafting method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        for m, style in (("greedy", "-"), ("probabilistic", "--")):
+            pts = [(t, r[f"tau_T{t:g}_{mm}"]) for t, mm in cols if mm == m or t == 0]
+            if len(pts) > 1:
+                ax.plot(*zip(*pts), style, marker="o", label=f"{r['arm']} ({m} drafting)")
+    ax.set_xlabel("serving temperature")
+    ax.set_ylabel("vLLM tau (tokens per target forward)")
+    ax.set_title("the drafts served at the temperature users serve at (k=3, MT-bench)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 if __name__ == "__main__":

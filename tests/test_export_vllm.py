@@ -116,6 +116,33 @@ def test_round_trip_both_formats_lossless_and_consistent_with_the_reference(trai
     assert saved["drafts"][names[0]]["tau"] == pytest.approx(a["tau"])
 
 
+def test_eval_at_temperature_serves_the_sampling_methods_and_keeps_the_distribution(trained, record_property):
+    """`specdraft eval EXPORT --engine vllm --temperature 0.7 --draft-sample probabilistic --dist-samples 150`, as a
+    user runs it: the temperature reaches vLLM and is recorded in the settings file, the report and the plot title;
+    probabilistic drafting is what the engine runs (read back from its config); tau is measured, lossless is n/a,
+    and the two-sample check of the served output against the target alone passes."""
+    from specdraft.cli import main
+
+    out = trained.dir / "eval_t07"
+    rc = main(["eval", str(trained.exports["speculators"]), "--engine", "vllm", "--temperature", "0.7",
+               "--draft-sample", "probabilistic", "--dist-samples", "150", "--max-prompts", str(PROMPTS),
+               "--max-new-tokens", str(NEW_TOKENS), "--k", str(K), "--batch1-prompts", "0", "--out", str(out)])  # fmt: skip
+    rep = json.loads((out / "report_vllm.json").read_text())
+    d = rep["drafts"][str(trained.exports["speculators"])]
+    record_property("summary", " | ".join(summary_lines(rep)))
+    assert json.loads((out / "eval_settings.json").read_text())["settings"]["temperature"] == 0.7
+    assert rep["settings"]["temperature"] == 0.7 and rep["settings"]["draft_sample"] == "probabilistic"
+    served = d["speculative_config"]
+    assert served["draft_sample_method"] == "probabilistic" and served["rejection_sample_method"] == "standard"
+    assert served["method"] == "eagle3" and served["num_speculative_tokens"] == K and served["model_runner"] == "v1"
+    assert d["rounds"] > 0 and d["tau"] >= 1.0
+    assert d["lossless"] == {"checked": False, "ok": None, "divergences": []}
+    check = d["distribution"]
+    assert check["ok"] and check["tests"] >= 4 and check["samples_per_side"] == [150] * 4, check
+    assert rc == 0
+    assert "lossless n/a (T>0)" in "\n".join(summary_lines(rep))
+
+
 @pytest.fixture(scope="module")
 def variant(trained):
     """One more draft from the same shards and settings, with everything issue 45 adds to the served model at

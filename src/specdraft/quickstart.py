@@ -2,8 +2,8 @@
 
 regenerate (ShareGPT user turns, the target's own replies: on-policy data) -> prepare -> extract -> train
 -> eval on MT-bench (trained vs untrained draft, lossless check) -> export (speculators + eagle3) -> serve the
-export in vLLM (when installed: tau, tokens/s with and without the draft, batched and at batch 1)
--> a summary table and plots. Every stage skips work already complete
+export in vLLM (when installed: tau, tokens/s with and without the draft, batched and at batch 1), greedily and at
+the temperature the target is served at (its generation_config's, else 0.7) -> a summary table and plots. Every stage skips work already complete
 (prepare and eval by their outputs, extract shard by shard, train from its newest checkpoint), so an
 interrupted quickstart resumes where it stopped when run again.
 
@@ -59,6 +59,12 @@ class Budget:
     batch1_rounds: int = 1  # vLLM: batch-1 measurements interleaved with the target alone's (eval/batch1.py)
     steps_per_batch: int = 0  # optimizer steps a batch with the recipe (0: the recipe's own, 2)
     optimizer: str = ""  # the recipe's optimizer replaced ("": the recipe's own, muon)
+    serve_sampled: bool = (
+        True  # vLLM: serve again at the target's own temperature (generation_config, else 0.7)
+    )
+    serve_draft_sample: str = (
+        "probabilistic"  # vLLM at T > 0: how the draft picks tokens (docs/experiments.md)
+    )
 
     def train_recipe(self) -> dict:
         """The small-run settings this budget trains with: SMALL_RUN with its own steps a batch and optimizer
@@ -248,6 +254,12 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
         title = f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1{inter})"
         with clock.stage("serve", title, (root / "serve" / SERVE_REPORT).exists()):
             served = _serve(root / "serve", exports["speculators"], b)
+        if b.serve_sampled:
+            t, top_p, source = _serve_temperature()
+            title = (f"serve in vLLM at T={t:g} ({source}; {b.serve_draft_sample} drafting; {b.serve_prompts} "
+                     f"first turns batched, {b.batch1_prompts} at batch 1)")  # fmt: skip
+            with clock.stage("serve_sampled", title, (root / "serve_sampled" / SERVE_REPORT).exists()):
+                served["sampled"] = _serve(root / "serve_sampled", exports["speculators"], b, t, top_p)
 
     # 7. summary
     _summarize(root, budget, b, clock.seconds(), served, exports)
@@ -340,7 +352,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     print(_table(summary))
     print("\n".join(summary_lines(report)))
     if served:
-        print("\n".join(served["lines"]))
+        print("\n".join(served["lines"] + served.get("sampled", {}).get("lines", [])))
     print("\nserve the draft:")
     target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
     # the hub id the speculators export names: then `vllm serve EXPORT` works on every release
@@ -356,8 +368,16 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     return summary
 
 
-def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
-    """vLLM's figures for the export (report reused when there): tau, speed batched and at batch 1, lossless."""
+def _serve_temperature() -> tuple[float, float, str]:
+    """The temperature and top-p the embedded default is served at, and where they come from."""
+    from specdraft.targets import default_sampling, read_generation_config, resolve_target_dir
+
+    return default_sampling(read_generation_config(resolve_target_dir(EMBEDDED_DEFAULT)))
+
+
+def _serve(out: Path, export_dir: Path, b: Budget, temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    """vLLM's figures for the export (report reused when there): tau, speed batched and at batch 1, lossless (at
+    T = 0; at T > 0 the draft samples with the budget's drafting method, batch 1 measured in one round)."""
     from specdraft.eval.report import summary_lines
     from specdraft.eval.serving import REPORT_FILE, evaluate_vllm
 
@@ -365,11 +385,15 @@ def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
     if f.exists():
         rep = json.loads(f.read_text())
     else:
+        sampled = (
+            dict(temperature=temperature, top_p=top_p, draft_sample=b.serve_draft_sample)
+            if temperature
+            else {}
+        )
         rep = evaluate_vllm([str(export_dir)], target=EMBEDDED_DEFAULT, prompts="mtbench", k=b.k,
                             max_new_tokens=b.max_new_tokens, max_prompts=b.serve_prompts,
-                            batch1_prompts=b.batch1_prompts, batch1_rounds=b.batch1_rounds,
-                            max_num_seqs=b.serve_prompts,
-                            out=str(out))  # fmt: skip
+                            batch1_prompts=b.batch1_prompts, batch1_rounds=1 if temperature else b.batch1_rounds,
+                            max_num_seqs=b.serve_prompts, out=str(out), **sampled)  # fmt: skip
         # (max_num_seqs: all prompts decoded together, the fastest way through them on a CPU)
     d = rep["drafts"][str(export_dir)]
     b1 = d.get("batch1") or {}
@@ -379,7 +403,9 @@ def _serve(out: Path, export_dir: Path, b: Budget) -> dict:
                                               "interleaved_rounds", "speedup_per_round")},
             "batch1_baseline_tokens_per_s": b1.get("baseline_tokens_per_s")  # a report before interleaving: its one
                                             or rep["baseline"].get("batch1", {}).get("tokens_per_s"),
-            "lossless": d["lossless"]["ok"], "lines": summary_lines(rep)}  # fmt: skip
+            "lossless": d["lossless"]["ok"], "lines": summary_lines(rep),
+            "temperature": rep["settings"].get("temperature", 0.0), "top_p": rep["settings"].get("top_p", 1.0),
+            "draft_sample": rep["settings"].get("draft_sample", "greedy")}  # fmt: skip
 
 
 def _brief(d: dict) -> dict:
@@ -421,11 +447,22 @@ def _table(s: dict) -> str:
 def _serve_rows(sv: dict | None) -> list[tuple[str, str]]:
     if not sv:
         return [("vLLM", "not installed: `make install-vllm` (or pip install vllm) to serve the draft")]
+    rows = _served_rows(sv, "")
+    if sv.get("sampled"):
+        s = sv["sampled"]
+        rows += _served_rows(s, f" T={s['temperature']:g}")
+    return rows
+
+
+def _served_rows(sv: dict, at: str) -> list[tuple[str, str]]:
+    """The vLLM rows of one serve report: greedy (`at` empty) or sampled at `at`."""
     b1 = sv["batch1"]
+    how = (f"{sv['draft_sample']} drafting (the better at T > 0 here: docs/experiments.md), lossless n/a at T>0"
+           if at else f"lossless {'yes' if sv['lossless'] else 'NO'}")  # fmt: skip
     return [
-        ("vLLM tau", f"{sv['tau']:.3f} over {sv['prompts']} MT-bench first turns, lossless {'yes' if sv['lossless'] else 'NO'}"),
-        ("vLLM batched", f"x{sv['speedup'] or 0:.2f}: {sv['tokens_per_s']:.1f} tok/s with the draft vs {sv['baseline_tokens_per_s']:.1f} alone"),
-        ("vLLM batch 1", f"x{b1['speedup'] or 0:.2f}: {b1['tokens_per_s'] or 0:.1f} tok/s vs {sv['batch1_baseline_tokens_per_s'] or 0:.1f} alone "
+        (f"vLLM{at} tau", f"{sv['tau']:.3f} over {sv['prompts']} MT-bench first turns, {how}"),
+        (f"vLLM{at} batched", f"x{sv['speedup'] or 0:.2f}: {sv['tokens_per_s']:.1f} tok/s with the draft vs {sv['baseline_tokens_per_s']:.1f} alone"),
+        (f"vLLM{at} batch 1", f"x{b1['speedup'] or 0:.2f}: {b1['tokens_per_s'] or 0:.1f} tok/s vs {sv['batch1_baseline_tokens_per_s'] or 0:.1f} alone "
                          f"({b1['prompts']} prompts{_rounds(b1)}; a round costs {b1['round_cost_in_target_steps'] or 0:.2f} target steps)"),
     ]  # fmt: skip
 
