@@ -74,6 +74,12 @@ def test_item3_the_settings_file_records_where_each_setting_came_from(tmp_path, 
     assert frm["decay"] == frm["max_tokens"] == "small-run recipe" and doc["settings"]["decay"] == 0.5
     assert frm["grad_clip"] == "default"
     assert json.loads((out / "final" / "train_settings.json").read_text())["from"] == frm
+    # --resume takes the recorded settings, and says where the run took each from
+    assert main(["train", str(shards), str(out), "--resume", "--max-steps", "2"]) == 0
+    again = json.loads((out / "train_settings.json").read_text())["from"]
+    recorded = f"recorded in {out / 'train_settings.json'}"
+    assert again["decay"] == f"{recorded} (small-run recipe)" and again["lr"] == f"{recorded} (command line)"
+    assert again["max_steps"] == "command line"
 
 
 def test_item4_fsdp_says_on_the_recipe_line_what_it_changes_and_why(tmp_path, shards, capsys):  # noqa: F811
@@ -94,7 +100,8 @@ def test_item4_a_refusal_under_torchrun_is_torchruns_root_cause(tmp_path, monkey
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     monkeypatch.setenv("RANK", "1")
     assert main(["train", "a", "b", "--optimizer", "muon", "--fsdp"]) == 2
-    assert capsys.readouterr().err == "" and not error_file.exists()
+    assert capsys.readouterr().err == "" and "--optimizer muon with --fsdp" in error_file.read_text()
+    error_file.unlink()  # torchrun hands each rank a file of its own
     monkeypatch.setenv("RANK", "0")
     assert main(["train", "a", "b", "--optimizer", "muon", "--fsdp"]) == 2
     line = capsys.readouterr().err.strip()

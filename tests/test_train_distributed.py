@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +116,80 @@ def test_one_validation_sample_is_validated_by_two_fsdp_ranks(tmp_path, shards):
         assert y["acc"] == pytest.approx(x["acc"], abs=1e-6)
     val = json.loads((two / "final" / "config.json").read_text())["train"]["val"]
     assert val is not None and val["loss"] == pytest.approx(vb[-1]["loss"])
+
+
+def _env() -> dict:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return {
+        **os.environ,
+        "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def _torchrun(words: list[str], **kw) -> subprocess.CompletedProcess:
+    """A README torchrun line (`torchrun ...`, its words after `torchrun`) on CPU: standalone rendezvous."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, **kw)
+
+
+CLI_SMALL = ["--draft-vocab-size", "128", "--ttt-steps", "3", "--max-tokens", "1024", "--max-length", "128",
+             "--no-progress", "--no-tensorboard"]  # fmt: skip
+
+
+def test_ctrl_c_under_torchrun_says_once_the_torchrun_line_that_resumes_it(tmp_path, shards):
+    """Issue 61 item 1: Ctrl-C (SIGINT to the terminal's process group) stops every rank; rank 0 alone prints the
+    line that resumes, the torchrun line the run started with, and that line, run as printed, finishes the run."""
+    out = tmp_path / "run"
+    args = ["train", str(shards), str(out), *CLI_SMALL, "--checkpoint-every", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "specdraft.cli", *args]  # fmt: skip
+    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # fmt: skip
+    deadline = time.time() + 300
+    while (
+        not (out / "checkpoints" / "step_00000002").is_dir() and p.poll() is None and time.time() < deadline
+    ):
+        time.sleep(0.2)
+    assert p.poll() is None, p.communicate()
+    os.killpg(p.pid, signal.SIGINT)  # Ctrl-C
+    stdout, stderr = p.communicate(timeout=120)
+    said = [ln for ln in stderr.splitlines() if "resume with `" in ln]
+    assert len(said) == 1, stderr[-5000:]
+    line = said[0].split("resume with `", 1)[1].split("`", 1)[0]
+    assert line.startswith("torchrun --nproc_per_node 2 -m specdraft.cli train ") and line.endswith(
+        " --resume"
+    )
+    words = shlex.split(line)
+    r = _torchrun(words[1:])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.stdout.count("train: resuming from ") == 1  # said by rank 0
+    total = int(r.stdout.split("train: resuming from ", 1)[1].split("\n")[0].split("/")[-1])
+    assert total > 2 and json.loads((out / "final" / "config.json").read_text())["train"]["steps"] == total
+
+
+def test_print_config_under_torchrun_is_one_valid_config_and_a_refusal_is_one_line(tmp_path, shards):
+    """Issue 61 items 2 and 4: --print-config under torchrun prints one settings file (rank 0's), a valid --config;
+    a refusal (--optimizer muon --fsdp) is said once, and torchrun's failure report names it as the root cause."""
+    base = [
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "specdraft.cli",
+        "train",
+        str(shards),
+        str(tmp_path / "o"),
+        *CLI_SMALL,
+    ]
+    r = _torchrun([*base, "--print-config"])
+    assert r.returncode == 0, r.stderr[-5000:]
+    doc = json.loads(r.stdout)  # one JSON document, not one per rank
+    (tmp_path / "c.json").write_text(r.stdout)
+    assert doc["settings"]["max_tokens"] == 1024 and doc["from"]["max_tokens"] == "command line"
+    r = _torchrun([*base, "--optimizer", "muon", "--fsdp"])
+    assert r.returncode != 0
+    refusal = "--optimizer muon with --fsdp is not supported"
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("specdraft train: error:")]
+    assert len(said) == 1 and refusal in said[0], r.stderr[-5000:]
+    assert (
+        "To enable traceback see" not in r.stderr and r.stderr.count(refusal) == 2
+    )  # the line, torchrun's report

@@ -353,10 +353,9 @@ def _rank() -> int:
 
 def _say(line: str) -> None:
     """A line that ends the command, on stderr, said once: under torchrun every rank stops alike and rank 0 says
-    it; torchrun's report of the failed ranks (ChildFailedError) names it as the root cause (its error file)."""
-    if _rank() != 0:
-        return
-    print(line, file=sys.stderr, flush=True)
+    it; torchrun's report of the failed ranks (ChildFailedError) gives it for each (their error files)."""
+    if _rank() == 0:
+        print(line, file=sys.stderr, flush=True)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file and not os.path.exists(
         error_file
@@ -419,8 +418,13 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
     parsed.pop("config")
     given = _given(fn, args, parsed, config)
     settings = _flat(parsed)
-    for k in config:
-        runtime.GIVEN[k] = source
+    was = (
+        _recorded_origins(Path(parsed["out"]) / "train_settings.json")
+        if source.startswith("recorded")
+        else {}
+    )
+    for k in config:  # --resume: where the run took each setting from, kept
+        runtime.GIVEN[k] = f"{source} ({was[k]})" if k in was else source
     for k in given:
         if not (k in config and settings.get(k) == config[k]):
             runtime.GIVEN[k] = "command line"
@@ -445,6 +449,15 @@ def _parse(cmd: str, fn, args: list[str]) -> tuple[dict, dict | None]:
               f"{', '.join('--' + k.replace('_', '-') for k in changed) or 'none'} over them",
               file=sys.stderr)  # fmt: skip
     return parsed, settings
+
+
+def _recorded_origins(path: Path) -> dict[str, str]:
+    """Where a run's recorded settings came from (its settings file's "from"; {} for a file without one)."""
+    try:
+        got = json.loads(path.read_text()).get("from")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: str(v) for k, v in got.items()} if isinstance(got, dict) else {}
 
 
 def _train_checks(data: str | None, out: str | None, cfg) -> None:
