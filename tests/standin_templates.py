@@ -139,3 +139,20 @@ def standin_stop_ids(name: str, tok) -> tuple[int, ...]:
 
     stops = GENERATION_STOPS.get(name)
     return stop_ids(tok, {"eos_token_id": tok.convert_tokens_to_ids(stops)} if stops else None)
+
+
+def standin_target(name: str, out: Path) -> Path:
+    """A target directory vLLM's renderer loads (config.json, no weights: rendering reads none): the stand-in
+    tokenizer with its template, and a generation_config.json listing its stop ids (`GENERATION_STOPS`)."""
+    import json
+
+    from transformers import LlamaConfig
+
+    tok = standin_tokenizer(name)
+    tok.save_pretrained(out)
+    LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=1, num_key_value_heads=1).save_pretrained(out)  # fmt: skip
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": list(standin_stop_ids(name, tok))})
+    )
+    return out
