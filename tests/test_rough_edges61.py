@@ -126,3 +126,37 @@ def test_origins_are_not_written_for_a_python_caller(tmp_path):
     """A Python caller's settings have no command line to name: no "from" then."""
     assert not runtime.FROM_COMMAND_LINE
     assert "from" not in runtime.settings_doc("train", {"lr": 1.0})
+
+
+ITEM7 = {
+    "--total-seq-len": "calls it --max-length",
+    "--verifier-name-or-path": "calls it --target",
+    "--speculator-type": "calls it --draft",
+    "--per-device-train-batch-size": "calls it --max-tokens",
+    "--draft-arch": "calls it --draft",
+    "--gradient-accumulation-steps": "has no such setting: --max-tokens is the tokens of one optimizer step",
+    "--dist-timeout": "has no such setting",
+    "--embedding-key": "has no such setting",
+    "--draft-model-config": "has no such setting: the draft's shape is --draft, --draft-layers",
+    "--attention-backend": "has no such setting",
+}
+
+
+@pytest.mark.parametrize("name, says", sorted(ITEM7.items()))
+def test_item7_other_tools_names_point_to_ours_or_say_there_is_none(name, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "hs", "out", name, "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{name}: specdraft train {says}" in err and "did you mean" not in err, err
+
+
+def test_item7_one_table_serves_the_command_line_and_settings_files(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["export", "d", "o", "--verifier-name-or-path", "x"])
+    assert "--verifier-name-or-path: specdraft export calls it --verifier" in capsys.readouterr().err
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"learning_rate": 1e-3, "dist_timeout": 60, "lrr": 1}))
+    assert main(["train", "a", "b", "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "'learning_rate' (train calls it 'lr')" in err and "'lrr' (did you mean 'lr'?)" in err
+    assert "'dist_timeout' (the process group keeps torch's default timeout)" in err

@@ -191,5 +191,5 @@ def test_print_config_under_torchrun_is_one_valid_config_and_a_refusal_is_one_li
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("specdraft train: error:")]
     assert len(said) == 1 and refusal in said[0], r.stderr[-5000:]
     assert (
-        "To enable traceback see" not in r.stderr and r.stderr.count(refusal) == 2
+        "To enable traceback see" not in r.stderr and r.stderr.count(refusal) == 3
     )  # the line, torchrun's report

@@ -199,7 +199,34 @@ SYNONYMS = {
     "seq-length": "max-length", "max-model-len": "max-length", "lr-scheduler": "schedule", "scheduler": "schedule",
     "lr-schedule": "schedule", "warmup": "warmup-ratio", "num-layers": "draft-layers", "draft-num-layers": "draft-layers",
     "loss-fn": "loss", "loss-type": "loss", "noise-std": "noise-scale", "optim": "optimizer",
+    "total-seq-len": "max-length", "verifier-name-or-path": ("verifier", "target"), "speculator-type": "draft",
+    "draft-arch": "draft", "per-device-train-batch-size": "max-tokens", "train-batch-size": "max-tokens",
 }  # fmt: skip
+#: what other trainers have that we do not, and what stands in its place
+NO_EQUIVALENT = {
+    "gradient-accumulation-steps": "--max-tokens is the tokens of one optimizer step, summed over all "
+                                   "ranks; raise it for a larger step",
+    "dist-timeout": "the process group keeps torch's default timeout",
+    "embedding-key": "the target's embedding is found by the names its model class gives its modules",
+    "draft-model-config": "the draft's shape is --draft, --draft-layers and --draft-vocab-size (its other "
+                          "sizes follow the target's)",
+    "attention-backend": "the draft attends with torch's scaled_dot_product_attention, which picks its "
+                         "kernel for the device (--attention-chunk bounds its memory)",
+}  # fmt: skip
+
+
+def other_name(name: str, options) -> str:
+    """Where another trainer's option `name` (`--learning-rate`, `learning_rate`) is in `options` (ours, spelled
+    `--x`), in words ("calls it --lr", "has no such setting: ..."), or "" when it is no other trainer's name we
+    know."""
+    key = name.lstrip("-").replace("_", "-")
+    ours = SYNONYMS.get(key, ())
+    near = next((o for o in ((ours,) if isinstance(ours, str) else ours) if f"--{o}" in options), None)
+    if near:
+        return f"calls it --{near}"
+    return f"has no such setting: {NO_EQUIVALENT[key]}" if key in NO_EQUIVALENT else ""
+
+
 #: what users of other trainers type for a positional (the README's table names --output-dir)
 POSITIONAL_NAMES = {
     "output-dir": "out", "output": "out", "out-dir": "out", "save-path": "out", "save-dir": "out",
@@ -236,10 +263,10 @@ def _refuse_other_names(cmd: str, fn, args: list[str]) -> None:
         word = a.split("=")[0]
         if not word.startswith("--") or word in flags:
             continue
-        near = SYNONYMS.get(word[2:])
+        said = other_name(word, options)
         pos = POSITIONAL_NAMES.get(word[2:])
-        if near and f"--{near}" in options:
-            hints.append((word, f"{word}: specdraft {cmd} calls it --{near}"))
+        if said:
+            hints.append((word, f"{word}: specdraft {cmd} {said}"))
         elif pos and positionals:
             spelled = " ".join(p.upper() for p in positionals)
             which = "the last" if pos == "out" else "the first"
@@ -497,8 +524,14 @@ def _config(fn, cmd: str, path: str, label: str = "") -> dict:
             types[pname] = tp
     bad = []
     for k in sorted(set(config) - set(types)):
+        said = other_name(k, {"--" + t.replace("_", "-") for t in types})
         near = difflib.get_close_matches(k, types, n=1)
-        bad.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        if said.startswith("calls it"):
+            bad.append(f"{k!r} ({cmd} calls it {said[len('calls it --') :].replace('-', '_')!r})")
+        elif said:
+            bad.append(f"{k!r} ({said[len('has no such setting: ') :]})")
+        else:
+            bad.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
     if bad:
         raise ValueError(f"{label}: `specdraft {cmd}` has no setting {', '.join(bad)}")
     wrong = [w for k, v in config.items() if (w := _wrong_type(k, v, types[k]))]
