@@ -143,6 +143,52 @@ def test_thinking_off_with_reasoning_in_the_data_is_dropped_with_the_reason():
     assert NO_PROMPT.startswith("no prompt leads")
 
 
+#: a thinking switch that keeps only what follows `</think>` in an answer (never reading a reasoning field): with
+#: thinking off every assistant turn, history included, opens with the closed empty block the prompt ends with
+SPLIT_OFF = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.role == 'assistant' %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' if enable_thinking is defined and not enable_thinking else '' }}"
+    "{% if m.tool_calls %}{{ m.content }}{% for c in m.tool_calls %}{{ '<tool_call>' + c.function.name + '</tool_call>' }}"
+    "{% endfor %}{% else %}{{ m.content.split('</think>')[-1] }}{% endif %}{% else %}{{ m.content }}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{{ '<think>\\n\\n</think>\\n\\n' if enable_thinking is defined and not enable_thinking else '' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("shape", ["reasoning, 3 turns", "tool call + result"])
+def test_reasoning_format_think_is_advised_only_where_it_keeps_the_samples_exact(shape, tmp_path, capsys):
+    """Thinking off, reasoning in the data, a template that keeps what follows `</think>`: the format would score
+    a leading `\\n\\n` (answers) or a `<think>` block after a prompt that switched thinking off (tool calls), so it
+    does not hold and prepare does not advise it; on ChatML (the content as given) it holds."""  # noqa: D301
+    from conftest import CHATML, build_tokenizer
+
+    from specdraft.data.render import REASONING_LEFT_OUT, format_holds
+
+    off = {"enable_thinking": False}
+    tok, conv = build_tokenizer(SPLIT_OFF), _conv(shape)
+    notes: list[str] = []
+    conversation_samples(tok, conv, off, notes=notes)
+    assert REASONING_LEFT_OUT in notes and "format" not in REASONING_LEFT_OUT  # said, with no advice in it
+    assert not format_holds(tok, conv, off, "think")
+    samples = conversation_samples(
+        tok, conv, off, reasoning_format="think"
+    )  # what the advice would have made
+    bad = ("\n\n", "<think>") if shape.startswith("tool") else ("\n\n",)
+    assert any(_scored(tok, s).startswith(bad[-1]) or "<think>" in _scored(tok, s) for s in samples), bad
+    # ChatML writes the content as given (it renders no tool calls: that conversation is no sample either way)
+    assert format_holds(build_tokenizer(CHATML), conv, {}, "think") is (shape == "reasoning, 3 turns")
+    from specdraft.data.prepare import prepare
+
+    tok.save_pretrained(tmp_path / "tok")
+    (tmp_path / "d.jsonl").write_text(json.dumps(SHAPES[shape]) + "\n")
+    prepare(str(tmp_path / "d.jsonl"), str(tmp_path / "ds"), target=str(tmp_path / "tok"), renderer="template",
+            chat_template_kwargs=json.dumps(off))  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "--reasoning-format think was tried on 1 and would not keep 1 exact" in out and "trains it" not in out
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------
 # against vLLM's renderer
 

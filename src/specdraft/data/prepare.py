@@ -51,6 +51,7 @@ from specdraft.data.render import (
     Sample,
     choose_template,
     conversation_samples,
+    format_holds,
     has_generation_markers,
     require_chat_template,
     template_identity,
@@ -149,6 +150,9 @@ class _Read:
     convs: list[_Conv] = field(default_factory=list)
     report: ReadReport = field(default_factory=ReadReport)
     truncated: list[int] = field(default_factory=list)  # records with a sample cut to max_length
+    advice: list[int] = field(
+        default_factory=lambda: [0, 0]
+    )  # reasoning left out: [tried in think format, exact]
 
 
 def prepare(
@@ -319,6 +323,11 @@ def _read_source(index: int, src: Source, opts: _Options, split: str, columns: d
             got.truncated.append(rec)
         for what in dict.fromkeys(repairs):  # each repair once per record
             got.report.repair(what, rec)
+        if (
+            REASONING_LEFT_OUT in repairs and not opts.reasoning_format
+        ):  # advice only where it was tried and holds
+            got.advice[0] += 1
+            got.advice[1] += _think_holds(raw, opts)
         got.convs.append(_Conv(index, rec, samples))
         bar.update(1)
         if limit and len(got.convs) >= limit:
@@ -339,6 +348,14 @@ def _samples_of(raw, opts: _Options, repairs: list[str]) -> list[Sample]:
         raise Dropped(reason)
     return conversation_samples(opts.tokenizer, conv, opts.kwargs, opts.reasoning_loss, opts.reasoning_format,
                                 opts.template, repairs, opts.engine, opts.stops)  # fmt: skip
+
+
+def _think_holds(raw, opts: _Options) -> bool:
+    """Whether `--reasoning-format think` keeps this record exact (`render.format_holds`)."""
+    conv, _ = normalize_record(raw)
+    return conv is not None and format_holds(
+        opts.tokenizer, conv, opts.kwargs, "think", opts.engine, opts.stops
+    )
 
 
 def _truncated(s: Sample, n: int) -> Sample:
@@ -423,9 +440,14 @@ def _print_summary(out_dir: Path, manifest: dict, reads: list[_Read], max_length
         if r.report.repaired:
             print(f"prepare: kept after repair: {_describe(r.report.repaired)}")
         if REASONING_LEFT_OUT in r.report.repaired:
+            tried, held = r.advice
+            advice = ("--reasoning-format think trains it in the content, in a <think> block before the answer (tried "
+                      f"on those {tried}: every sample exact)") if tried and held == tried else (
+                      f"--reasoning-format think was tried on {tried} and would not keep {tried - held} exact (the "
+                      "template drops or re-renders the block, or thinking is switched off), so it is not advised")  # fmt: skip
             print(f"prepare: the chat template renders no reasoning, so the reasoning field of "
                   f"{len(r.report.repaired[REASONING_LEFT_OUT])} conversations was left out of their samples; "
-                  "--reasoning-format think trains it in the content, in a <think> block before the answer")  # fmt: skip
+                  + advice)  # fmt: skip
         if REASONING_LEFT_OUT_CHANNELS in r.report.repaired:
             print(f"prepare: the chat template renders no reasoning under reasoning_content, reasoning or thinking, "
                   f"so the reasoning of {len(r.report.repaired[REASONING_LEFT_OUT_CHANNELS])} conversations was "

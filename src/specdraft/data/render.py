@@ -71,8 +71,9 @@ REASONING_FORMATS = {"think": ("<think>\n", "\n</think>\n\n")}  # reasoning_form
 R1_CLOSE = (
     "\n</think>\n\n"  # after a prompt that opens a think block, when the template shows no close of its own
 )
-REASONING_LEFT_OUT = ("reasoning field left out: the chat template renders no reasoning (reasoning_format "
-                      "think puts it in the content as <think>...</think>)")  # fmt: skip
+REASONING_LEFT_OUT = (
+    "reasoning field left out: the chat template renders no reasoning"  # advice: `format_holds`
+)
 REASONING_LEFT_OUT_CHANNELS = ("reasoning field left out: the chat template renders no reasoning under "
                                f"{', '.join(REASONING_FIELDS)} (it writes channels: give the reasoning under the field it reads)")  # fmt: skip
 REASONING_LEFT_OUT_HERE = "reasoning field left out of a turn whose prompt the template gives no think block"
@@ -500,6 +501,26 @@ def turn_text(tokenizer, conv: Conversation, i: int, kwargs: dict, traits: Trait
         else:
             notes.append(REASONING_LEFT_OUT_HERE)
     return Turn(before, text, upto, verbatim, text == raw.rstrip() and not extra, notes)
+
+
+def format_holds(tokenizer, conv: Conversation, kwargs: dict, fmt: str, engine=None, stops=None) -> bool:
+    """Whether `reasoning_format=fmt` keeps this conversation exact, tried before it is advised: its samples are
+    made and pass every check, and each turn with reasoning is scored with its content as the format writes it
+    (the reasoning's block included: not a template that keeps only what follows `</think>`) after a prompt that
+    does not switch thinking off (an empty think block closed)."""
+    try:
+        conversation_samples(tokenizer, conv, kwargs, reasoning_format=fmt, engine=engine, stops=stops)
+        traits = template_traits(tokenizer, kwargs)
+        named = replace(conv, reasoning_name=traits.name or "reasoning_content", sends_parts=traits.parts)
+        formatted, _ = _reasoning_as_the_template_shows_it(named, traits, fmt)
+        for i, m in enumerate(formatted.messages):
+            if m["role"] == "assistant" and conv.messages[i].get("reasoning_content"):
+                t = turn_text(tokenizer, formatted, i, kwargs, traits)
+                if _THINKING_OFF.search(t.before) or m["content"].strip() not in t.text:
+                    return False
+    except ValueError:  # Dropped, or a format the template refuses
+        return False
+    return True
 
 
 def _close_before(close: str, content: str) -> str:
