@@ -287,7 +287,9 @@ def _records_and_turns(ds):
 
 
 @needs_vllm
-def test_the_engine_check_catches_a_doubled_close_tag_and_a_part_joined_unlike_vllm(tmp_path):
+def test_the_engine_check_catches_a_doubled_close_tag_doubled_newlines_and_a_part_joined_unlike_vllm(
+    tmp_path,
+):
     from specdraft.data.engine_render import engine_renderer
     from specdraft.data.render import Sample, _check_engine
 
@@ -301,6 +303,12 @@ def test_the_engine_check_catches_a_doubled_close_tag_and_a_part_joined_unlike_v
     bad = Sample(ids, [0] * n + [1] * (len(ids) - n), prompts=[n])
     with pytest.raises(Dropped, match="^vllm .*scored turn"):
         _check_engine(engine, conv, [(2, doubled)], [bad], {"thinking": True})
+    # the newlines around the reasoning doubled (no target writes `\n\nR\n\n</think>`)
+    spaced = replace(t, text="\n\nIntroduce myself.\n\n" + t.text[len("Introduce myself.") :])
+    ids = tok(spaced.before + spaced.text, add_special_tokens=False)["input_ids"]
+    with pytest.raises(Dropped, match="^vllm .*scored turn"):
+        _check_engine(engine, conv, [(2, spaced)], [Sample(ids, [0] * n + [1] * (len(ids) - n), prompts=[n])],
+                      {"thinking": True})  # fmt: skip
     # a text part joined with nothing (as prepare joined them before): vLLM joins them with a newline
     conv = _conv("text parts")
     conv.messages[1]["content"] = "part one, part two"

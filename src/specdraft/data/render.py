@@ -87,9 +87,9 @@ _EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the con
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_WITH_CLOSE = re.compile(r"</think>")  # a turn that starts with its own close tag
 _OPENS_THINK = re.compile(r"<think>\s*$")
-_ONLY_TAGS = re.compile(
-    r"\s*(<think>)?\s*(</think>)?\s*$"
-)  # a turn's part before the renderer's text, reasoning out
+# a turn's part before the renderer's text, its reasoning taken out: think tags, a newline at most around each
+# (two after the close, R1's `\n</think>\n\n`): a doubled newline there is none the target writes
+_ONLY_TAGS = re.compile(r"\n?(<think>)?\n?(</think>)?\n{0,2}$")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 _CHANNELS = re.compile(
@@ -330,7 +330,8 @@ def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], sam
                 f"{engine.name} renders a turn unlike the template: {first_difference(t.upto, upto)}"
             )
         reasoning = (conv.messages[i].get("reasoning_content") or "").strip()
-        _check_scored(engine, t, sample, n, (text, upto, history), reasoning)
+        given = conv.parsed[i][0] if i in conv.parsed else reasoning  # as the data wrote it, edges included
+        _check_scored(engine, t, sample, n, (text, upto, history), given if given in t.text else reasoning)
 
 
 def engine_turn(before: str, upto: str, history: str) -> tuple[str, bool]:
@@ -366,14 +367,11 @@ def _check_scored(
     before = shown[0]
     shown, opened = engine_turn(*shown)
     empty = _EMPTY_BLOCK.match(shown)
-    if (
-        reasoning and empty and not t.text.endswith(shown)
-    ):  # an empty think block where the reasoning goes (Kimi)
+    if reasoning and empty and not t.text.endswith(shown):  # the empty block the reasoning goes in (Kimi)
         shown = shown[empty.end() :]
     head = t.text[: len(t.text) - len(shown)]
-    if not t.text.endswith(shown) or not _ONLY_TAGS.match(
-        head.replace(reasoning, "", 1) if reasoning else head
-    ):
+    rest = head.replace(reasoning, "", 1) if reasoning else head
+    if not t.text.endswith(shown) or not _ONLY_TAGS.match(rest):
         raise Dropped(f"{engine.name} renders the scored turn unlike the sample: "
                       f"{first_difference(t.text[::-1], shown[::-1])} (from the end)")  # fmt: skip
     closes, opens = t.text.count("</think>"), t.text.count("<think>")
