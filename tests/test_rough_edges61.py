@@ -208,3 +208,40 @@ def test_item8_the_docs_say_what_the_code_does(capsys):
         main(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "peak learning rate (of AdamW, and of Muon" in help_text
+
+
+def _tiny_draft_and_target(tmp_path):
+    """A saved EAGLE-3 draft (tmp_path/d) of a tiny llama saved as a directory (returned)."""
+    from test_export import build_tiny_model, make_draft, wrap_model
+
+    from specdraft.model.checkpoint import save_draft
+
+    target = wrap_model(build_tiny_model("llama"), name="tiny")
+    target.model.save_pretrained(tmp_path / "target")
+    save_draft(make_draft(target), tmp_path / "d")
+    return tmp_path / "target"
+
+
+def test_item6_a_verifier_that_is_no_hub_id_says_leaving_it_out_fills_it_in(tmp_path):
+    from specdraft.export import export
+
+    target_dir = _tiny_draft_and_target(tmp_path)
+    with pytest.raises(ValueError) as e:
+        export(str(tmp_path / "d"), str(tmp_path / "o"), target=str(target_dir), verifier="smollm2-135m")
+    assert "leave --verifier out and export fills in the target's id where it finds one (here " \
+           "HuggingFaceTB/SmolLM2-135M-Instruct)" in str(e.value)  # fmt: skip
+
+
+def test_item6_eval_of_an_export_whose_hub_id_is_not_here_serves_its_recorded_local_target(tmp_path, capsys):
+    from specdraft.eval.command import _recorded_target
+    from specdraft.export import export
+
+    target_dir = _tiny_draft_and_target(tmp_path)
+    out = tmp_path / "export"
+    assert export(str(tmp_path / "d"), str(out), target=str(target_dir), check_vllm=False,
+                  verifier="acme/not-downloaded") == 0  # fmt: skip
+    capsys.readouterr()
+    assert _recorded_target([str(out)]) == str(target_dir)
+    said = capsys.readouterr().out
+    assert f"acme/not-downloaded, the target {out} names, is not on this machine: serving the target its " \
+           f"export was made from, {target_dir}" in said  # fmt: skip

@@ -309,9 +309,12 @@ def find_hub_id(name: str, local: Path | None, given: str = "") -> tuple[str | N
     """
     if given:
         if not is_hub_id(given):
+            known = KNOWN_HUB_IDS.get(given) or find_hub_id(name, local)[0]
+            fill = f" (here {known})" if known else ""
             raise ValueError(
                 f"export: --verifier must be the target's Hugging Face id ORG/NAME (vLLM resolves it on the serving "
-                f"machine), not {given!r}: a local path there is refused by vLLM 0.33 in `vllm serve EXPORT`"
+                f"machine), not {given!r}: a local path there is refused by vLLM 0.33 in `vllm serve EXPORT`; "
+                f"leave --verifier out and export fills in the target's id where it finds one{fill}"
             )
         return given, "--verifier"
     if local is None and is_hub_id(name):
@@ -330,6 +333,28 @@ def find_hub_id(name: str, local: Path | None, given: str = "") -> tuple[str | N
     if key:
         return KNOWN_HUB_IDS[key], f"{key}, a GGUF quantisation of it"
     return None, ""
+
+
+def served_target(export_dir: str | Path, name: str) -> str:
+    """The target to serve the export `export_dir` with, which names target `name` (a hub id): `name` where it is
+    on this machine, else the local target the export's marker records (said in a line; vLLM never downloads
+    here either), else `name` (loading it then says why it cannot)."""
+    from specdraft.targets import locate_target
+
+    try:
+        recorded = str(json.loads((Path(export_dir) / MARKER_FILE).read_text()).get("target") or "")
+    except (OSError, ValueError, AttributeError):
+        return name
+    if not recorded or recorded == name or not Path(recorded).is_dir():
+        return name
+    try:
+        locate_target(name, need="config")
+        return name
+    except (FileNotFoundError, ValueError):
+        pass
+    print(f"{name}, the target {export_dir} names, is not on this machine: serving the target its export was "
+          f"made from, {recorded} (its marker {MARKER_FILE} records it)", flush=True)  # fmt: skip
+    return recorded
 
 
 def _embedded_alias(local: Path | None) -> str:

@@ -179,6 +179,9 @@ def _recorded_target(draft: list[str]) -> str:
         except (OSError, ValueError):
             continue
         if name:
+            from specdraft.export import served_target  # an export naming a hub id not here: its local target
+
+            name = served_target(p, name)
             print(f"eval: --target {name} (the target {p} records)", flush=True)
             return name
     return EMBEDDED_DEFAULT
