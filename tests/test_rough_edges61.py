@@ -245,3 +245,43 @@ def test_item6_eval_of_an_export_whose_hub_id_is_not_here_serves_its_recorded_lo
     said = capsys.readouterr().out
     assert f"acme/not-downloaded, the target {out} names, is not on this machine: serving the target its " \
            f"export was made from, {target_dir}" in said  # fmt: skip
+
+
+def test_item5_a_tensor_parallel_size_the_target_cannot_split_is_refused_from_its_config():
+    from specdraft.targets import tensor_parallel_problems
+
+    assert (
+        tensor_parallel_problems("smollm2-135m", 3) == []
+        and tensor_parallel_problems("smollm2-135m", 1) == []
+    )
+    (problem,) = tensor_parallel_problems("smollm2-135m", 2)
+    assert "--tensor-parallel-size 2 cannot split the target's attention (9 heads, 3 KV heads)" in problem
+    assert problem.endswith("sizes that fit: 1, 3, 9")
+
+
+@pytest.mark.parametrize("cmd", ["extract", "eval", "train"])
+def test_item5_extract_eval_and_online_train_refuse_it_before_anything_loads(
+    cmd, tmp_path, capsys, monkeypatch
+):
+    from conftest import conversations, write_jsonl
+
+    from specdraft.data.prepare import prepare
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr("specdraft.capture.vllm.VLLMCapture", no_engine)
+    monkeypatch.setattr("specdraft.eval.serving.evaluate_vllm", no_engine, raising=False)
+    ds = str(tmp_path / "ds")
+    if cmd != "eval":
+        prepare(
+            str(write_jsonl(tmp_path / "c.jsonl", conversations(4))), ds, target="smollm2-135m", max_length=64
+        )
+    capsys.readouterr()
+    args = {"extract": ["extract", ds, str(tmp_path / "hs"), "--backend", "vllm"],
+            "eval": ["eval", "untrained", "--engine", "vllm", "--out", str(tmp_path / "ev")],
+            "train": ["train", ds, str(tmp_path / "t"), "--online", "--backend", "vllm", "--no-progress"]}[cmd]  # fmt: skip
+    assert main([*args, "--tensor-parallel-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--tensor-parallel-size 2 cannot split the target's attention (9 heads, 3 KV heads)" in err, err
+    assert len(err.strip().splitlines()) == 1

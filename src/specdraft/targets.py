@@ -562,6 +562,29 @@ def load_tokenizer(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False
         raise (_remote_code_error(name, e) or e) from e
 
 
+def tensor_parallel_problems(name: str, size: int, trust_remote_code: bool = False) -> list[str]:
+    """Why target `name`'s attention cannot be split over `size` GPUs, from its config alone, before anything
+    loads (vLLM's rule: the heads divisible by the size; the KV heads too, or the size by them where there are
+    fewer); [] where it can, or where the config cannot be read (loading it then says why)."""
+    if size <= 1:
+        return []
+    try:
+        cfg = load_text_config(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return []
+    heads = getattr(cfg, "num_attention_heads", 0) or 0
+    kv = getattr(cfg, "num_key_value_heads", 0) or heads
+    if not heads:
+        return []
+    fits = lambda n: heads % n == 0 and (kv % n == 0 if kv >= n else n % kv == 0)  # noqa: E731
+    if fits(size):
+        return []
+    sizes = ", ".join(str(n) for n in range(1, min(heads, 64) + 1) if fits(n))
+    return [f"--tensor-parallel-size {size} cannot split the target's attention ({heads} heads, {kv} KV heads): "
+            f"vLLM needs the heads divisible by it and the KV heads divisible by it (or it by them); sizes that "
+            f"fit: {sizes}"]  # fmt: skip
+
+
 def load_text_config(name: str = EMBEDDED_DEFAULT, trust_remote_code: bool = False):
     """The target's text config (a transformers PretrainedConfig; the text part of multimodal wrappers)."""
     from transformers import AutoConfig

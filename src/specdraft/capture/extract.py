@@ -44,7 +44,7 @@ from specdraft.data.store import (
     write_shard,
 )
 from specdraft.fileio import DTYPES, DirLock, changed_settings, read_state, weights_fingerprint
-from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids
+from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids, tensor_parallel_problems
 
 #: identity field -> what the user changed to get another value (the resume refusal names it)
 _IDENTITY_SOURCES = {
@@ -121,6 +121,8 @@ def extract(
                                 max_tokens_per_batch, layers, tensor_parallel_size, engine_args)  # fmt: skip
     ds = load_dataset(dataset)
     target = _dataset_target(ds, target, trust_remote_code)
+    for problem in tensor_parallel_problems(target, tensor_parallel_size, trust_remote_code):
+        raise ValueError(f"extract: {problem}")  # from the target's config, before the engine loads
     out_dir = Path(out)
     with DirLock(out_dir, "extraction"):
         job = _plan(ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples, num_shards,

@@ -123,6 +123,12 @@ def evaluate(
     engine_kwargs = _check_engine(engine, tensor_parallel_size, engine_args, reference, batch1_rounds)
     check_eval_out(Path(out))  # before anything loads: results are never lost at the end to a bad --out
     target = target or _recorded_target(draft)
+    from specdraft.targets import tensor_parallel_problems
+
+    for problem in tensor_parallel_problems(
+        target, tensor_parallel_size if engine == "vllm" else 1, trust_remote_code
+    ):
+        raise ValueError(f"eval: {problem}")  # from the target's config, before any engine loads
     device = resolve_device(device, "eval")
     dtype = resolve_dtype(dtype, device)
     template, kwargs = _check_rendering(draft, target, chat_template, chat_template_kwargs, trust_remote_code)

@@ -94,8 +94,10 @@ def _vllm_capture(name: str, cfg: TrainConfig, device: torch.device, dtype: str,
     from specdraft.engine.options import parse_engine_args
     from specdraft.engine.vllm_rpc import outside_torchrun
     from specdraft.model.frozen import load_frozen
-    from specdraft.targets import capture_layer_ids, load_text_config, locate_target
+    from specdraft.targets import capture_layer_ids, load_text_config, locate_target, tensor_parallel_problems
 
+    for problem in tensor_parallel_problems(name, cfg.tensor_parallel_size, cfg.trust_remote_code):
+        raise ValueError(f"train: {problem}")  # from the target's config, before the engine loads
     text_cfg = load_text_config(name, trust_remote_code=cfg.trust_remote_code)
     layer_ids = capture_layer_ids(text_cfg.num_hidden_layers, cfg.layers)
     if not engine:
