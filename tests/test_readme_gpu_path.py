@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import needs_vllm
+from test_train_distributed import ctrl_c_resume_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
@@ -24,6 +26,11 @@ def _readme_lines() -> list[str]:
     text = README.read_text()
     block = text.split("**Your own model on one GPU node**", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     return [ln.split("#")[0].strip() for ln in block.splitlines() if ln.strip() and not ln.startswith("T=")]
+
+
+def _torchrun_cmd(words: list[str]) -> list[str]:
+    """A README torchrun line's words as run here: torch's module, a standalone rendezvous on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:]]
 
 
 def test_the_readme_gpu_path_runs_as_written(tmp_path):
@@ -44,11 +51,18 @@ def test_the_readme_gpu_path_runs_as_written(tmp_path):
             cmd = [sys.executable, "-m", "specdraft.cli", *words[1:]]
         else:
             assert words[0] == "torchrun", ln
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:]]
+            # issue 61: Ctrl-C after its step-2 checkpoint (kept every 2 steps here) prints the resume line once,
+            # the torchrun line it started with; that line, as printed, finishes the run
+            line, stdout = ctrl_c_resume_line(_torchrun_cmd([*words, "--checkpoint-every", "2"]), runs / "draft",
+                                              env, cwd=tmp_path)  # fmt: skip
+            assert stdout.count("raised from the recipe's 512") == 1  # said once, by rank 0
+            words = shlex.split(line)
+            assert " ".join(words[:5]) == "torchrun --nproc_per_node 2 -m specdraft.cli", words
+            cmd = _torchrun_cmd(words)
         r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, f"{ln}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         if words[0] == "torchrun":
-            assert r.stdout.count("raised from the recipe's 512") == 1  # said once, by rank 0
+            assert r.stdout.count("train: resuming from ") == 1  # said by rank 0
     final = json.loads((runs / "draft" / "final" / "config.json").read_text())
     assert final["train"]["steps"] > 0
     export = json.loads((runs / "export" / "config.json").read_text())

@@ -137,15 +137,13 @@ CLI_SMALL = ["--draft-vocab-size", "128", "--ttt-steps", "3", "--max-tokens", "1
              "--no-progress", "--no-tensorboard"]  # fmt: skip
 
 
-def test_ctrl_c_under_torchrun_says_once_the_torchrun_line_that_resumes_it(tmp_path, shards):
-    """Issue 61 item 1: Ctrl-C (SIGINT to the terminal's process group) stops every rank; rank 0 alone prints the
-    line that resumes, the torchrun line the run started with, and that line, run as printed, finishes the run."""
-    out = tmp_path / "run"
-    args = ["train", str(shards), str(out), *CLI_SMALL, "--checkpoint-every", "2"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "specdraft.cli", *args]  # fmt: skip
-    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def ctrl_c_resume_line(cmd: list[str], out: Path, env: dict, cwd: Path | None = None) -> tuple[str, str]:
+    """Start the torchrun `cmd` (training into `out`), press Ctrl-C (SIGINT to its process group, as a terminal
+    does) once its step-2 checkpoint is written; (the one line that says how to resume, checked said once; its
+    stdout)."""
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)  # fmt: skip
-    deadline = time.time() + 300
+    deadline = time.time() + 600
     while (
         not (out / "checkpoints" / "step_00000002").is_dir() and p.poll() is None and time.time() < deadline
     ):
@@ -155,12 +153,20 @@ def test_ctrl_c_under_torchrun_says_once_the_torchrun_line_that_resumes_it(tmp_p
     stdout, stderr = p.communicate(timeout=120)
     said = [ln for ln in stderr.splitlines() if "resume with `" in ln]
     assert len(said) == 1, stderr[-5000:]
-    line = said[0].split("resume with `", 1)[1].split("`", 1)[0]
+    return said[0].split("resume with `", 1)[1].split("`", 1)[0], stdout
+
+
+def test_ctrl_c_under_torchrun_says_once_the_torchrun_line_that_resumes_it(tmp_path, shards):
+    """Issue 61 item 1: Ctrl-C stops every rank; rank 0 alone prints the line that resumes, the torchrun line the
+    run started with, and that line, run as printed, finishes the run."""
+    out = tmp_path / "run"
+    args = ["train", str(shards), str(out), *CLI_SMALL, "--checkpoint-every", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "specdraft.cli", *args]  # fmt: skip
+    line, _ = ctrl_c_resume_line(cmd, out, _env())
     assert line.startswith("torchrun --nproc_per_node 2 -m specdraft.cli train ") and line.endswith(
         " --resume"
     )
-    words = shlex.split(line)
-    r = _torchrun(words[1:])
+    r = _torchrun(shlex.split(line)[1:])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert r.stdout.count("train: resuming from ") == 1  # said by rank 0
     total = int(r.stdout.split("train: resuming from ", 1)[1].split("\n")[0].split("/")[-1])
@@ -192,4 +198,4 @@ def test_print_config_under_torchrun_is_one_valid_config_and_a_refusal_is_one_li
     assert len(said) == 1 and refusal in said[0], r.stderr[-5000:]
     assert (
         "To enable traceback see" not in r.stderr and r.stderr.count(refusal) == 3
-    )  # the line, torchrun's report
+    )  # the line, and each rank's in torchrun's report
