@@ -60,8 +60,11 @@ def test_the_lock_keeps_user_files_and_removes_only_dead_specdraft_temporaries(t
     dead.write_bytes(b"partial")
     live = out / f".manifest.json.specdraft-{os.getppid()}.tmp"  # a live process's
     live.write_text("{}")
+    (out / "train_settings.json").write_text("{}")  # a run's OUT (a user's is refused: issue 60)
     with pytest.raises(ValueError, match="--resume: no checkpoint"):
-        train(str(x), str(out), replace(CFG, resume=True))  # refused after taking the lock
+        train(str(x), str(out), replace(CFG, resume=True))  # refused before taking the lock: nothing removed
+    assert dead.exists()
+    train(str(x), str(out), replace(CFG, max_steps=1))  # the lock, taken, removes the dead writer's temporary
     assert (out / ".cache.tmp" / "keep").read_text() == "mine"
     assert (out / ".draft-notes.tmp").read_text() == "notes"
     assert (out / ".shard.4242.tmp").exists() and live.exists() and not dead.exists()
@@ -325,6 +328,7 @@ def test_a_stopped_train_prints_the_exact_command_that_resumes_it(tmp_path, monk
             raise exc
 
         monkeypatch.setattr(loop, "train_loop", stopped)
+        monkeypatch.setattr(loop, "refuse_early", lambda *a: None)  # no data here: the stop alone is tested
         assert cli.main(argv) == rc
         assert capsys.readouterr().err == (
             f"specdraft train: {said}; resume with `specdraft train {tmp_path / 'hs'} '{out}' --max-steps 3 "
@@ -346,6 +350,7 @@ def test_an_error_message_starts_its_own_line_after_a_progress_bar(tmp_path, mon
         raise ValueError("train: something the user can fix")  # the bar is left open, as a stage leaves it
 
     monkeypatch.setattr(loop, "train_loop", fails)
+    monkeypatch.setattr(loop, "refuse_early", lambda *a: None)  # no data here: the message alone is tested
     assert cli.main(["train", str(tmp_path / "hs"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("\rtrain:") and err.endswith(

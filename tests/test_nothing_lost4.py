@@ -216,6 +216,12 @@ def test_users_directories_under_checkpoints_survive_dflash_pruning_resume_and_t
     user_dirs(out / "checkpoints", mine)
     argv = ["train", str(data[1]), str(out), "--draft", "dflash"]
     assert resume_hint(argv, str(out)).startswith("no checkpoint was written yet")  # none of them is one
+    with pytest.raises(ValueError, match="it holds files train did not write"):  # a user's OUT (issue 60)
+        train(str(data[1]), str(out), CFG)
+    shutil.rmtree(out)
+    train_dflash(str(data[1]), out, CFG, _stop_at=1)  # a run's OUT: the user's directories beside its own
+    shutil.rmtree(out / "checkpoints" / "step_1")
+    user_dirs(out / "checkpoints", mine)
     with pytest.raises(ValueError, match="--resume: no checkpoint under"):  # step_9 is named like one, is not
         train(str(data[1]), str(out), replace(CFG, resume=True))
     train(str(data[1]), str(out), CFG)  # checkpoints 2 and 3, keep 1: step_2 pruned

@@ -81,6 +81,16 @@ def output_dir(directory: str | Path, what: str) -> Path:
     return d
 
 
+def size_text(n: float) -> str:
+    """A byte count in the largest binary unit (KiB to TiB) that keeps it at least 1, 2 decimals: 0.4 MiB is
+    "409.60 KiB", not "0.00 GiB"."""
+    units = ["KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    while i + 1 < len(units) and abs(n) >= 2 ** (10 * (i + 2)):
+        i += 1
+    return f"{n / 2 ** (10 * (i + 1)):.2f} {units[i]}"
+
+
 def read_state(path: Path, fix: str, keys: Collection[str] = ()) -> dict:
     """A JSON state file (a manifest, a settings record) holding an object with ``keys``; one that cannot be
     read, is not such an object or lacks a key is a one-line ValueError naming it, with ``fix``."""

@@ -15,6 +15,7 @@ files that no longer match their manifest). One extract process per output direc
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -38,12 +39,13 @@ from specdraft.data.store import (
     manifest_name,
     partition,
     plan_shards,
+    read_manifest,
     shard_is_complete,
     shard_stem,
     write_manifest,
     write_shard,
 )
-from specdraft.fileio import DTYPES, DirLock, changed_settings, read_state, weights_fingerprint
+from specdraft.fileio import DTYPES, DirLock, changed_settings, size_text, weights_fingerprint
 from specdraft.targets import EMBEDDED_DEFAULT, capture_layer_ids, tensor_parallel_problems
 
 #: identity field -> what the user changed to get another value (the resume refusal names it)
@@ -124,9 +126,11 @@ def extract(
     for problem in tensor_parallel_problems(target, tensor_parallel_size, trust_remote_code):
         raise ValueError(f"extract: {problem}")  # from the target's config, before the engine loads
     out_dir = Path(out)
+    plan = functools.partial(_plan, ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples,
+                             num_shards, shard_index, trust_remote_code, {"compute_dtype": dtype, "backend": backend})  # fmt: skip
+    plan()  # every refusal (layers, OUT's manifest and shards) before OUT or its lock exists: read-only
     with DirLock(out_dir, "extraction"):
-        job = _plan(ds, out_dir, target, layers, store_dtype, samples_per_shard, max_samples, num_shards,
-                    shard_index, trust_remote_code, {"compute_dtype": dtype, "backend": backend})  # fmt: skip
+        job = plan()  # again under the lock: another process may have written since
         if not job.todo and job.was_complete:
             print(f"extract: {out_dir} is already complete ({len(job.plan)} shards)")
             return out_dir
@@ -219,7 +223,7 @@ def _plan(ds, out_dir: Path, target: str, layers: list[int] | None, store_dtype:
     }
     man_path = out_dir / manifest_name(shard_index, num_shards)
     fix = f"delete {man_path} and rerun the same command (the shards bound to this extraction are kept)"
-    old = read_state(man_path, fix) if man_path.exists() else None
+    old = read_manifest(man_path, fix) if man_path.exists() else None
     if old is not None:
         _check_resume(man_path, old, identity)
         # an extraction recorded before some identity fields (checked against its manifest) keeps its id
@@ -357,8 +361,8 @@ def _check_disk(job: _Job, out_dir: Path) -> int:
     free = shutil.disk_usage(out_dir).free
     if need > free * 0.98:
         raise OSError(
-            f"extract would write ~{need / 2**30:.2f} GiB to {out_dir} but only {free / 2**30:.2f} GiB are free: "
-            "free space, choose another --out, use --store-dtype fp8, or --max-samples"
+            f"extract would write ~{size_text(need)} to {out_dir} but only {size_text(free)} are free "
+            f"({size_text(need - free)} short): free space, choose another --out, use --store-dtype fp8, or --max-samples"
         )
     return need
 

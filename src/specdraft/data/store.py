@@ -420,7 +420,7 @@ def _read_manifests(paths) -> list[dict]:
             fix = (
                 f"delete it and rerun `specdraft extract` with the same command (the shards in {d} are kept)"
             )
-            man = read_state(m, fix)
+            man = read_manifest(m, fix)
             if "extraction_id" not in man:
                 raise ValueError(f"{m}: an extraction by specdraft {man.get('specdraft_version', '?')}, from before "
                                  f"shards were bound to their extraction: {REEXTRACT}")  # fmt: skip
@@ -428,6 +428,25 @@ def _read_manifests(paths) -> list[dict]:
             manifests.append(man)
     _check_one_extraction(manifests)
     return manifests
+
+
+def read_manifest(path: Path, fix: str) -> dict:
+    """An extraction manifest (`read_state`); one that records neither its kind nor the specdraft that wrote it
+    (`{}`, or not extract's) is refused as unreadable, naming it and what it lacks, not dated as an old one."""
+    man = read_state(path, fix)
+    if not {"kind", "specdraft_version"} & man.keys():
+        read_state(path, fix, ("kind", "extraction_id"))
+    return man
+
+
+def manifest_problems(paths) -> list[str]:
+    """Why the extraction directories' manifests cannot be read (none there, unreadable, another extraction's),
+    each with its fix: a command reads them before it writes anything."""
+    try:
+        _read_manifests(paths)
+    except (FileNotFoundError, ValueError) as e:
+        return [str(e)]
+    return []
 
 
 def numbers_identity(man: dict) -> dict:

@@ -55,14 +55,18 @@ def save_draft(
     tmp.mkdir(parents=True)
     skip = {EMBED_KEY} if embed_from is not None else set()
     state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items() if k not in skip}
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
     meta = {"format": FORMAT, "specdraft_version": __version__, "config": asdict(draft.cfg), **(extra or {})}
     if embed_from is not None:
         meta["embed_tokens"] = embed_from.to_dict()
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
-    for f in (WEIGHTS_FILE, CONFIG_FILE):
-        with open(tmp / f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1))
+        for f in (WEIGHTS_FILE, CONFIG_FILE):
+            with open(tmp / f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except BaseException:  # a full disk must not stay full of a partial save: its temporary goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if path.exists():  # replace an older save: move it aside first so a crash never leaves neither
         old = path.with_name(f".{path.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -23,10 +23,111 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdraft.fileio import atomic_write_text, changed_settings, remove_dead_leftovers, remove_dir, tmp_path
-from specdraft.model.checkpoint import LATEST_FILE, STATE_FILE, load_draft_state, save_draft
+from specdraft.fileio import (
+    LOCK_FILE,
+    TMP_PATTERN,
+    atomic_write_text,
+    changed_settings,
+    remove_dead_leftovers,
+    remove_dir,
+    tmp_path,
+)
+from specdraft.model.checkpoint import (
+    CONFIG_FILE,
+    LATEST_FILE,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    load_draft_state,
+    save_draft,
+)
 from specdraft.model.draft import Eagle3Draft
-from specdraft.train.config import _RESUME_FREE, SMALL_RUN, TrainConfig
+from specdraft.train.config import _RESUME_FREE, SETTINGS_FILE, SMALL_RUN, TrainConfig
+from specdraft.train.distributed import _all_min
+
+
+class NonFiniteError(ValueError):
+    """Training met a non-finite loss, gradient or weights; the message names the step, what to change and the
+    last good checkpoint."""
+
+
+#: what a training run writes at the top of OUT (its files, the trackers' folders, the directory lock)
+TRAIN_WRITES = frozenset({"checkpoints", "final", "metrics.jsonl", SETTINGS_FILE, "training.png", "tb", "wandb",
+                          "trackio", "mlruns", LOCK_FILE})  # fmt: skip
+#: what a run writes into final/ (EAGLE-3's or DFlash's draft files and the settings record), replaced whole
+FINAL_WRITES = frozenset({CONFIG_FILE, WEIGHTS_FILE, SETTINGS_FILE, "mask_embedding.pt"})
+
+
+def holds_run(out: Path) -> bool:
+    """Whether OUT holds a training run's files: its settings record, a checkpoint, or a trained final/."""
+    from specdraft.model.checkpoint import latest_checkpoint
+    from specdraft.model.dflash_files import newest_checkpoint
+
+    return any((out / f).is_file() for f in (SETTINGS_FILE, f"final/{CONFIG_FILE}")) or bool(
+        latest_checkpoint(out) or newest_checkpoint(out)
+    )
+
+
+def foreign_files(out: Path, held: bool) -> list[str]:
+    """The files under OUT that training did not write and a run would replace or delete, relative to OUT: in an
+    OUT holding a run (`held`), those in final/ (replaced whole); in any other, every file but the directory
+    lock and dead writers' temporaries (a run writes only into a new or empty OUT, or an earlier run's)."""
+    if not out.is_dir():
+        return []
+    final = out / "final"
+    if held:
+        return (
+            [f"final/{p.name}" for p in sorted(final.iterdir()) if p.name not in FINAL_WRITES]
+            if final.is_dir()
+            else []
+        )
+    found = []
+    for p in sorted(out.iterdir()):
+        if p.name == LOCK_FILE or TMP_PATTERN.match(p.name):
+            continue
+        inner = sorted(q for q in p.rglob("*") if not q.is_dir()) if p.is_dir() else []
+        found += [str(q.relative_to(out)) for q in inner] or [p.name + ("/" if p.is_dir() else "")]
+    return found
+
+
+def foreign_problem(out: Path) -> list[str]:
+    """The refusal of an OUT holding files training did not write (`foreign_files`), as export and eval refuse."""
+    held = holds_run(out) if out.is_dir() else False
+    theirs = foreign_files(out, held)
+    if not theirs:
+        return []
+    shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
+    what = f"replace {out / 'final'} (a run writes it whole)" if held else f"write into {out}"
+    return [f"refusing to {what}: it holds files train did not write ({shown}): move them out, or choose a new "
+            "or empty OUT directory (or an earlier run's)"]  # fmt: skip
+
+
+def in_the_way(out: Path) -> list[str]:
+    """The directories under OUT/checkpoints named exactly like a checkpoint (`CHECKPOINT_DIR`) that training did
+    not write and would replace: no train_state.pt, and files other than a partial save's."""
+    root = out / "checkpoints"
+    found = []
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        if not CHECKPOINT_DIR.fullmatch(p.name) or (p / STATE_FILE).is_file():
+            continue
+        theirs = (
+            sorted(q.name for q in p.iterdir() if q.name not in (CONFIG_FILE, WEIGHTS_FILE))
+            if p.is_dir()
+            else ["a file"]
+        )
+        if theirs:
+            found.append(f"{p} is in the way of the checkpoint of its step and holds files specdraft did not write "
+                         f"({', '.join(theirs)}): move it out of {root}")  # fmt: skip
+    return found
+
+
+def check_weights(params: list[torch.Tensor], step: int, lr: float, last_good: str, device) -> None:
+    """Raise NonFiniteError when the update of optimizer step `step` (at learning rate `lr`) left a weight that
+    is not finite on any rank (all ranks agree): checked after every update, so no checkpoint holds one."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # FSDP2: this rank's shard
+    ok = torch.stack([torch.isfinite(t.detach()).all() for t in local]).all() if local else torch.tensor(True)
+    if _all_min(ok.float().to(device)).item() < 1:
+        raise NonFiniteError(f"the weights stopped being finite at the update of step {step} (learning rate "
+                             f"{lr:g}); that step was not saved, last good checkpoint: {last_good}. Lower --lr")  # fmt: skip
 
 
 def _rng_state() -> dict:
@@ -95,6 +196,10 @@ def _save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk must not stay full of a partial checkpoint
         raise
     final = root / name
+    theirs = in_the_way(out) if final.exists() and not (final / STATE_FILE).is_file() else []
+    if theirs:  # a user's directory under this exact name (made while the run went on): kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"train: {theirs[0]}, then resume")
     if final.exists():  # this step's own checkpoint written again: renamed away, then deleted
         remove_dir(final)
     os.replace(tmp, final)

@@ -40,12 +40,17 @@ from specdraft.train.batches import (
     plan_batches,
 )
 from specdraft.train.checkpoint import (
+    NonFiniteError,
     _draft_from_state,
     _full_states,
     _load_train_state,
     _restore,
     _save_checkpoint,
+    check_weights,
     disk_errors_named,
+    foreign_problem,
+    in_the_way,
+    written_checkpoints,
 )
 from specdraft.train.config import _DEFAULTS, SETTINGS_FILE, TrainConfig, run_settings, with_own_loss
 from specdraft.train.distributed import (
@@ -69,11 +74,6 @@ from specdraft.train.ttt import (
     step_token_counts,
     teacher_positions,
 )
-
-
-class NonFiniteError(ValueError):
-    """Training met a non-finite loss or gradient; the message names the step, batch and last good checkpoint."""
-
 
 #: training.png is redrawn with a mid-run validation or checkpoint at most this often (a draw costs ~0.5 s)
 PLOT_EVERY_S = 60.0
@@ -155,11 +155,9 @@ class _Meter:
 
 def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
     """Every user error at once (before anything is built); returns the checkpoint to resume from."""
-    errors = cfg.problems() + warm_problems(shards, cfg)
-    if not cfg.online and not any(Path(p).is_dir() for p in shards.split(",") if p):
-        errors.append(
-            f"{shards} is not a directory: pass an extraction directory (or --online with a dataset)"
-        )
+    errors = cfg.problems() + warm_problems(shards, cfg) + shards_problems(shards, cfg)
+    errors += ttt_problems(shards, cfg) if not errors else []
+    errors += foreign_problem(out_dir) + in_the_way(out_dir)
     ckpt = latest_checkpoint(out_dir)
     if ckpt is not None and not cfg.resume:
         errors.append(f"{out_dir} already holds checkpoints (newest {ckpt.name}): pass --resume to continue, "
@@ -169,6 +167,44 @@ def _check(shards: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
     if errors:
         raise ValueError("train: " + "; ".join(errors))
     return ckpt
+
+
+def shards_problems(shards: str, cfg: TrainConfig) -> list[str]:
+    """Offline, the extraction directories: there, with readable manifests of one extraction (metadata only)."""
+    from specdraft.data.store import manifest_problems
+
+    if cfg.online:
+        return []
+    if not any(Path(p).is_dir() for p in shards.split(",") if p):
+        return [f"{shards} is not a directory: pass an extraction directory (or --online with a dataset)"]
+    return manifest_problems([p for p in shards.split(",") if p])
+
+
+def ttt_problems(shards: str, cfg: TrainConfig) -> list[str]:
+    """--ttt-steps against the data's longest sample (metadata only, before anything loads): TTT step k of a
+    position t scores token t + k + 2, so a sample of n tokens unrolls at most n - 2 steps; more train nothing
+    and each costs a forward of the draft."""
+    n = longest_sample(shards, cfg)
+    if n and cfg.ttt_steps > n - 2:
+        return [f"--ttt-steps {cfg.ttt_steps} is longer than any sample can unroll: the longest sample has {n} tokens "
+                f"(--max-length {cfg.max_length}), which unroll at most {n - 2}: lower --ttt-steps to at most {n - 2}"]  # fmt: skip
+    return []
+
+
+def longest_sample(shards: str, cfg: TrainConfig) -> int:
+    """The longest sample of the data (the extraction's sidecars; online, the dataset), at most --max-length;
+    0 when it cannot be read (opening the data says why)."""
+    try:
+        if cfg.online:
+            from specdraft.data.prepare import load_dataset
+
+            n = max((len(ids) for ids in load_dataset(shards).input_ids), default=0)
+        else:
+            sides = [p for d in shards.split(",") if d for p in Path(d).glob("shard-*-*.json")]
+            n = max((max(json.loads(p.read_text())["lengths"], default=0) for p in sides), default=0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return min(n, cfg.max_length)
 
 
 def _plan(st: _Setup, cfg: TrainConfig, world: int) -> tuple[list[list[int]], int, int, list[list[int]]]:
@@ -245,12 +281,16 @@ def _check_disk(
 ) -> None:
     """Refuse to start when what this run writes cannot fit: `keep` checkpoints (fp32 weights + AdamW's two
     moments, + the --ema average, + `frozen_in_ckpt`), one more while it is written, and final/ (the fp32
-    weights and all `frozen` bytes: the embedding too)."""
+    weights and all `frozen` bytes: the embedding too). The checkpoints already in OUT (a resumed run's) are
+    among those `keep` + 1: their bytes are not needed again."""
     import shutil
 
     per_ckpt = n_params * 4 * copies + frozen_in_ckpt + _SAVE_OVERHEAD
     final = n_params * 4 + frozen + _SAVE_OVERHEAD
-    need = per_ckpt * (keep + 1) + final
+    root = out_dir / "checkpoints"
+    held = sum(f.stat().st_size for c in (written_checkpoints(root) if root.is_dir() else []) for f in c.rglob("*")
+               if f.is_file())  # fmt: skip
+    need = per_ckpt * (keep + 1) + final - min(held, per_ckpt * keep)
     free = shutil.disk_usage(out_dir).free
     if need > free:
         raise OSError(f"train needs ~{need / 2**20:.0f} MiB in {out_dir}: {keep} checkpoint(s) of ~{per_ckpt / 2**20:.0f} "
@@ -368,7 +408,7 @@ def _check_loss(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int], la
     if ok.item() < 1:
         raise NonFiniteError(f"non-finite loss at {_where(cur, sids)}; nothing of this step was applied, "
                              f"last good checkpoint: {last_ckpt}. Check those samples' hidden states "
-                             "(specdraft verify) or lower --lr")  # fmt: skip
+                             f"(specdraft verify) or lower --lr (now {run.cfg.lr:g})")  # fmt: skip
 
 
 def _backward_step(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int], last_ckpt: str) -> float:
@@ -381,7 +421,9 @@ def _backward_step(run: _Run, loss: torch.Tensor, cur: _Cursor, sids: list[int],
     if not math.isfinite(gnorm):
         raise NonFiniteError(f"non-finite gradient at {_where(cur, sids)}; the update was not applied, "
                              f"last good checkpoint: {last_ckpt}. Lower --lr or check those samples")  # fmt: skip
+    lr = run.scheduler.get_last_lr()[0]  # this update's
     run.optimizer.step()
+    check_weights(run.params, cur.step + 1, lr, last_ckpt, run.device)  # before any checkpoint holds them
     run.scheduler.step()
     _ema_update(run, cur.step + 1)
     return gnorm
@@ -535,6 +577,7 @@ def train(shards: str, out: str, cfg: TrainConfig = _DEFAULTS) -> Path:
         out: output directory: checkpoints/, final/, metrics.jsonl (rerun with --resume to continue).
     """
     out_dir = Path(out)
+    refuse_early(shards, out_dir, cfg)  # before OUT or its lock exists: a refused run creates nothing
     # one training run per directory: rank 0 of a run holds the lock (a second run fails at once)
     lock = (
         DirLock(out_dir, "training run")
@@ -567,6 +610,26 @@ def run_kind(out_dir: Path) -> tuple[str, str] | None:
         if kind:
             return kind, str(f)
     return None
+
+
+def refuse_early(shards: str, out_dir: Path, cfg: TrainConfig) -> None:
+    """Every refusal that reads only the settings, the data's metadata and OUT, before OUT or its lock exists
+    (under the lock `train_loop` and `train_dflash` check again: another process may have written since)."""
+    from specdraft.fileio import file_in_the_way
+
+    blocked = file_in_the_way(out_dir, "training run")
+    if blocked is not None:
+        raise blocked
+    refuse_other_run(out_dir, cfg.draft)
+    cfg = with_own_loss(cfg)
+    if cfg.draft != "dflash":
+        _check(shards, out_dir, cfg)
+        return
+    from specdraft.train.block.run import _out_problems, block_problems
+
+    errors = block_problems(cfg) + shards_problems(shards, cfg) + _out_problems(out_dir, cfg.resume)
+    if errors:
+        raise ValueError("train: " + "; ".join(errors))
 
 
 def refuse_other_run(out_dir: Path, draft: str) -> None:
@@ -727,5 +790,5 @@ def _train(run: _Run, ckpt: Path | None, state: dict | None = None) -> Path:
         for p, e in zip(run.params, run.ema):  # --ema: final/ and its validation hold the moving average
             p.copy_(e)
     # a run killed after this validation, before final/, resumes at its last step: its record is not written twice
-    val = _validate(run, log, cur.step, again=start == run.total and log.has("val", cur.step))
+    val = _validate(run, log, cur.step, again=start >= run.total and log.has("val", cur.step))
     return _finish(run, log, cur.step, val)

@@ -71,6 +71,7 @@ from specdraft.train.block.setup import (
     write_checkpoint,
 )
 from specdraft.train.block.sharded import BlockModel, full_states, load_optimizer, wrap
+from specdraft.train.checkpoint import check_weights
 from specdraft.train.config import DFLASH_SMALL_RUN, with_own_loss, with_recipe
 from specdraft.train.distributed import _all_sum, _init_distributed, barrier, leaving_process_group
 from specdraft.train.optim import make_optimizer
@@ -87,8 +88,8 @@ def block_problems(cfg) -> list[str]:
            for k, (v, why) in UNSUPPORTED.items() if getattr(cfg, k) != v]  # fmt: skip
     if cfg.block_size < 2:
         out.append(f"--block-size must be >= 2 (the anchor and one mask slot), not {cfg.block_size}")
-    if cfg.draft_layers < 1 or cfg.anchors < 1:
-        out.append("--draft-layers and --anchors must be >= 1")
+    if cfg.anchors < 1:  # --draft-layers: EAGLE-3's check (`TrainConfig.problems`)
+        out.append(f"--anchors must be at least 1, not {cfg.anchors}")
     if cfg.block_size >= cfg.max_length >= 3:
         out.append(f"--block-size {cfg.block_size} must be below --max-length {cfg.max_length}: a block is its anchor "
                    f"(after a sample's first token) and the {cfg.block_size - 1} tokens after it; lower --block-size "
@@ -101,7 +102,13 @@ def block_problems(cfg) -> list[str]:
 
 
 def _out_problems(out: Path, resume: bool) -> list[str]:
-    """OUT against --resume, as EAGLE-3's `train` checks it: continue a run's checkpoints or start in a new OUT."""
+    """OUT against --resume, as EAGLE-3's `train` checks it: continue a run's checkpoints or start in a new OUT;
+    an OUT holding files training did not write is refused (`train.checkpoint.foreign_problem`)."""
+    from specdraft.train.checkpoint import foreign_problem
+
+    theirs = foreign_problem(out)
+    if theirs:
+        return theirs
     ckpts = complete_checkpoints(out)
     if ckpts and not resume:
         return [f"{out} already holds checkpoints (newest {ckpts[-1].name}): pass --resume to continue, or "
@@ -261,6 +268,19 @@ def _validate(run: _BlockRun, log: MetricsLog, step: int, again: bool = False) -
     return val
 
 
+def _check_loss(run: _BlockRun, loss: torch.Tensor, step: int, last_good: str) -> None:
+    """Raise NonFiniteError when the loss of optimizer step `step` + 1 is not finite on any rank (all ranks
+    agree), before its update: the weights and the last checkpoint stay as they were."""
+    from specdraft.train.checkpoint import NonFiniteError
+
+    if _all_sum(
+        torch.tensor([0.0 if torch.isfinite(loss.detach()).item() else 1.0], device=run.device)
+    ).item():
+        raise NonFiniteError(f"non-finite loss at step {step + 1}; nothing of this step was applied, last good "
+                             f"checkpoint: {last_good}. Check the samples' hidden states (specdraft verify) or lower "
+                             f"--lr (now {run.cfg.lr:g})")  # fmt: skip
+
+
 def _checkpoint(run: _BlockRun, step: int) -> Path:
     """checkpoints/step_N (the draft, the optimizer, the step and the settings trained with), written whole,
     the oldest complete ones beyond --keep-checkpoints removed (`setup.write_checkpoint`)."""
@@ -339,6 +359,7 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
 
     # --- the loop ---
     held = _Held()
+    last_good = str(run.resumed) if run.resumed is not None else "none"
     for step in range(run.start, run.total):
         # data: this rank's share of the step's global batch (its samples rank, rank + world, ...), loaded
         # once for its --steps-per-batch steps, and this step's group of each sample's anchors
@@ -352,7 +373,9 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
         # backward, gradients summed over ranks, clip, step at this step's learning rate
         for g in run.opt.param_groups:
             g["lr"] = cfg.lr * run.lr_at(step)
+        _check_loss(run, loss, step, last_good)
         _backward_step(run, loss, st.weight)
+        check_weights(run.params, step + 1, run.opt.param_groups[0]["lr"], last_good, run.device)
 
         # log: the global batch's loss, accuracy per block slot, tau
         if (step + 1) % cfg.log_every == 0 or step + 1 == run.total:
@@ -365,12 +388,15 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
         # checkpoint (and stop here when a test interrupts the run)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 in (run.total, _stop_at):
             path = _checkpoint(run, step + 1)
+            last_good = str(path)
             if step + 1 == _stop_at:
                 log.close()
                 return path
 
-    # --- end: final validation, final/ (rank 0) ---
-    val = _validate(run, log, run.total, again=run.start == run.total and log.has("val", run.total))
+    # --- end: final validation, final/ (rank 0); a finished run resumed with a lower --max-steps ends where it
+    # stood (its step, not the lower count: nothing was trained past it, and its validation is not recorded again)
+    end = max(run.start, run.total)
+    val = _validate(run, log, end, again=run.start >= run.total and log.has("val", end))
     draft, _ = full_states(run.model, run.opt, run.sharded)  # all ranks: a collective under --fsdp
     final = run.out / "final"
     if run.rank == 0:
@@ -381,7 +407,7 @@ def _loop(run: _BlockRun, _stop_at: int | None) -> Path:
 
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in val["acc"])
         print(f"train: validation: tau {val['tau']:.2f}, accuracy per block slot {acc}")
-        extra = {"step": run.total, "val": val, **({"init_from": run.init_from} if run.init_from else {})}
+        extra = {"step": end, "val": val, **({"init_from": run.init_from} if run.init_from else {})}
         settings = read_state(run.out / SETTINGS_FILE, "rerun the train command with --resume")["settings"]
         with disk_errors_named(final), atomic_dir(final, block_setup._window) as tmp:  # visible only whole
             write_dflash(draft, tmp, extra={"train": {**extra, "settings": settings}})
