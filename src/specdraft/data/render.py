@@ -87,9 +87,11 @@ _EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the con
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_WITH_CLOSE = re.compile(r"</think>")  # a turn that starts with its own close tag
 _OPENS_THINK = re.compile(r"<think>\s*$")
-# a turn's part before the renderer's text, its reasoning taken out: think tags, a newline at most around each
-# (two after the close, R1's `\n</think>\n\n`): a doubled newline there is none the target writes
-_ONLY_TAGS = re.compile(r"\n?(<think>)?\n?(</think>)?\n{0,2}$")
+# a turn's part before the renderer's text, around its reasoning: an opening tag then a newline at most before
+# it, a newline at most then the closing tag (two newlines after it, R1's `\n</think>\n\n`) after it: a doubled
+# newline there is none the target writes
+_BEFORE_REASONING = re.compile(r"(<think>)?\n?")
+_AFTER_REASONING = re.compile(r"\n?(</think>\n{0,2})?")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 _CHANNELS = re.compile(
@@ -370,8 +372,10 @@ def _check_scored(
     if reasoning and empty and not t.text.endswith(shown):  # the empty block the reasoning goes in (Kimi)
         shown = shown[empty.end() :]
     head = t.text[: len(t.text) - len(shown)]
-    rest = head.replace(reasoning, "", 1) if reasoning else head
-    if not t.text.endswith(shown) or not _ONLY_TAGS.match(rest):
+    pre, _, post = head.partition(reasoning) if reasoning and reasoning in head else ("", "", head)
+    if not t.text.endswith(shown) or not (
+        _BEFORE_REASONING.fullmatch(pre) and _AFTER_REASONING.fullmatch(post)
+    ):
         raise Dropped(f"{engine.name} renders the scored turn unlike the sample: "
                       f"{first_difference(t.text[::-1], shown[::-1])} (from the end)")  # fmt: skip
     closes, opens = t.text.count("</think>"), t.text.count("<think>")
