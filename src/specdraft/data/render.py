@@ -376,8 +376,9 @@ def _check_scored(
     if not t.text.endswith(shown) or not (
         _BEFORE_REASONING.fullmatch(pre) and _AFTER_REASONING.fullmatch(post)
     ):
-        raise Dropped(f"{engine.name} renders the scored turn unlike the sample: "
-                      f"{first_difference(t.text[::-1], shown[::-1])} (from the end)")  # fmt: skip
+        why = (f"before vLLM's text of it, {head[:80]!r} is more than the reasoning and its tags"
+               if t.text.endswith(shown) else f"it does not end with vLLM's text of it {shown[-80:]!r}")  # fmt: skip
+        raise Dropped(f"{engine.name} renders the scored turn unlike the sample: {why}")
     closes, opens = t.text.count("</think>"), t.text.count("<think>")
     if closes > 1 or opens > 1 or (opened and (closes != 1 or opens)):
         raise Dropped(f"{engine.name}: the scored turn holds {opens} <think> and {closes} </think> after a prompt "
