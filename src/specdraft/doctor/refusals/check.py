@@ -12,6 +12,7 @@ as info here, not counted twice.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 from collections.abc import Mapping
@@ -176,19 +177,27 @@ def _gate(refusal: Refusal, scope: Scope, reader: _Reader, consts: Mapping[str, 
 def _inlined(fn: ast.AST, before: int) -> dict[str, ast.expr]:
     """``{name: value}`` of the locals of ``fn`` assigned once, before line ``before``, from an expression that
     does not read them (``n = len(ids or [])``): the condition reads the value Python computes there."""
-    stores: dict[str, list[ast.AST]] = {}
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-            stores.setdefault(n.id, []).append(n)
-        elif isinstance(n, ast.arg):
-            stores.setdefault(n.arg, []).append(n)
-    out: dict[str, ast.expr] = {}
-    for n in ast.walk(fn):
-        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and n.lineno < before:
+    return {name: value for name, (value, line) in _assigned_once(fn).items() if line < before}
+
+
+@functools.lru_cache(maxsize=4096)
+def _assigned_once(fn: ast.AST) -> dict[str, tuple[ast.expr, int]]:
+    """``{name: (value, line)}`` of :func:`_inlined`, read once per function."""
+    stores: dict[str, int] = {}
+    nodes = list(ast.walk(fn))
+    for n in nodes:
+        name = (
+            n.id if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else getattr(n, "arg", None)
+        )
+        if isinstance(n, (ast.Name, ast.arg)) and name is not None:
+            stores[name] = stores.get(name, 0) + 1
+    out: dict[str, tuple[ast.expr, int]] = {}
+    for n in nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            if len(targets) == 1 and isinstance(targets[0], ast.Name) and len(stores[targets[0].id]) == 1:
+            if len(targets) == 1 and isinstance(targets[0], ast.Name) and stores[targets[0].id] == 1:
                 if not any(isinstance(x, ast.Name) and x.id == targets[0].id for x in ast.walk(n.value)):
-                    out[targets[0].id] = n.value
+                    out[targets[0].id] = (n.value, n.lineno)
     return out
 
 
@@ -334,9 +343,12 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
     """Every refusal in ``tree`` whose condition reads a value ``contract`` passes or writes (see :func:`scopes`),
     in the scopes' own bodies and in what they call with our values (:mod:`.follow`)."""
     out: dict[tuple[str, str], Found] = {}
-    consts: dict[str, dict[str, Any]] = {}
-    qualifiers: dict[str, Any] = {}
     tables: dict[str, dict[str, tuple[str, ...]]] = {}
+
+    @functools.cache
+    def module(name: str) -> tuple[dict[str, Any], Any]:  # its constants and how its names qualify
+        return _module_constants(tree, name), _qualifier(_imports(tree, name))
+
     work = [(s, 0) for s in scopes(tree, contract, configs, values)]
     seen: set[tuple] = set()
     while work:
@@ -346,13 +358,9 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
             continue
         seen.add(key)
         reader = _scope_reader(scope)
-        if scope.module not in consts:
-            consts[scope.module] = _module_constants(tree, scope.module)
-            qualifiers[scope.module] = _qualifier(_imports(tree, scope.module))
-        const, qualify = consts[scope.module], qualifiers[scope.module]
         if depth < DEPTH:
-            reached = lambda site, s=scope, rd=reader, c=const, q=qualify: _verdict(  # noqa: E731
-                site, s, rd, fields_read(site.tests, rd), c, q)[0]  # fmt: skip
+            reached = lambda site, s=scope, rd=reader: _verdict(  # noqa: E731
+                site, s, rd, fields_read(site.tests, rd), *module(s.module))[0]  # fmt: skip
             work += [(c, depth + 1) for c in callees(tree, scope, reader, reached)]
         ours = [  # what we write, and keys of the export it leaves out (reported when their default is refused)
             (r, [p for p in fields_read(r.tests, reader) if scope.ours(p) or _unwritten(scope, p)])
@@ -365,6 +373,7 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
         reader.tables = {**scope.tables, **reader.tables}  # the module's, then the function's own
         path = tree.module_path(scope.module)
         rel = path.relative_to(tree.root).as_posix() if path is not None else scope.module
+        const, qualify = module(scope.module)
         for r, fields in ours:
             where = f"{rel}:{r.line}"
             if (scope.label, where) in out:

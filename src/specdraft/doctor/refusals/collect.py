@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -204,6 +205,7 @@ def _evaluated(s: ast.stmt) -> list[ast.expr]:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _walked(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Refusal]:
     out: list[Refusal] = []
     _walk(fn.body, (), 0, out)

@@ -309,7 +309,14 @@ class SourceTree(ModuleFiles):
         return found
 
     def mro(self, cls: Found) -> tuple[list[Found], list[str]]:
-        """Classes in (approximate) method resolution order, and base names outside this tree."""
+        """Classes in (approximate) method resolution order, and base names outside this tree (cached)."""
+        cache = self.__dict__.setdefault("_mro_cache", {})
+        key = (cls.module, id(cls.node))
+        if key not in cache:
+            cache[key] = self._mro(cls)
+        return list(cache[key][0]), list(cache[key][1])
+
+    def _mro(self, cls: Found) -> tuple[list[Found], list[str]]:
         out: list[Found] = []
         external: list[str] = []
         seen: set[tuple[str, str]] = set()
