@@ -316,25 +316,27 @@ def test_the_engine_check_catches_a_doubled_close_tag_doubled_newlines_and_a_par
         conversation_samples(tok, conv, {"thinking": True}, engine=engine)
 
 
-def table(tmp: Path) -> list[tuple[str, str, int, dict, dict]]:
+def table(tmp: Path) -> list[tuple[str, str, int, dict, dict, dict]]:
     rows = []
     for family, kwargs, switch in CONFIGS:
         d = tmp / f"{family}-{switch.replace(' ', '_')}"
         _, ds = _prepare(d, family, kwargs, list(SHAPES))
         m = ds.manifest
         rows.append((family, switch, m["num_conversations"], {k: v["count"] for k, v in m["dropped"].items()},
-                     m["turn_ends"]))  # fmt: skip
+                     m["turn_ends"], {k: v["count"] for k, v in m["repaired"].items()}))  # fmt: skip
     return rows
 
 
 if __name__ == "__main__":
     import tempfile
 
-    print("| family | switch | kept (of 5) | dropped (reason: count) | what ends each scored turn |")
-    print("|---|---|---|---|---|")
+    print(
+        "| family | switch | kept (of 5) | dropped (reason: count) | kept with a note | what ends each scored turn |"
+    )
+    print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for family, switch, kept, dropped, ends in table(Path(tmp)):
+        for family, switch, kept, dropped, ends, notes in table(Path(tmp)):
             drops = "; ".join(f"{k[:60]}: {v}" for k, v in dropped.items()) or "-"
-            print(
-                f"| {family} | {switch} | {kept} | {drops} | {', '.join(f'{k}: {v}' for k, v in ends.items())} |"
-            )
+            said = "; ".join(f"{k[:60]}: {v}" for k, v in notes.items()) or "-"
+            stops = ", ".join(f"{k}: {v}" for k, v in ends.items())
+            print(f"| {family} | {switch} | {kept} | {drops} | {said} | {stops} |")
