@@ -189,6 +189,16 @@ def test_reasoning_format_think_is_advised_only_where_it_keeps_the_samples_exact
     )
 
 
+def test_reasoning_format_think_is_not_advised_for_deepseek_v31_without_thinking():
+    """V3.1 with thinking off: answers keep only what follows `</think>`, and a tool call's `<think>` block would
+    follow a prompt that closed thinking (`<｜Assistant｜></think>`): the format holds for no conversation."""
+    from specdraft.data.render import format_holds
+
+    tok = standin_tokenizer("deepseek_v31")
+    for shape in ("reasoning, 3 turns", "tool call + result", "text parts"):
+        assert not format_holds(tok, _conv(shape), {}, "think"), shape
+
+
 # ---------------------------------------------------------------------------------------------------------
 # against vLLM's renderer
 

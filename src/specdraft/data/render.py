@@ -93,6 +93,7 @@ _OPENS_THINK = re.compile(r"<think>\s*$")
 _BEFORE_REASONING = re.compile(r"(<think>)?\n?")
 _AFTER_REASONING = re.compile(r"\n?(</think>\n{0,2})?")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
+_CLOSES_THINK = re.compile(r"</think>\s*$")  # a prompt that switches thinking off, with or without `<think>`
 _PROBE = "SPECDRAFT-REASONING-PROBE"
 _CHANNELS = re.compile(
     r"<\|channel\|>"
@@ -510,7 +511,7 @@ def format_holds(tokenizer, conv: Conversation, kwargs: dict, fmt: str, engine=N
     """Whether `reasoning_format=fmt` keeps this conversation exact, tried before it is advised: its samples are
     made and pass every check, and each turn with reasoning is scored with its content as the format writes it
     (the reasoning's block included: not a template that keeps only what follows `</think>`) after a prompt that
-    does not switch thinking off (an empty think block closed)."""
+    does not switch thinking off (ends with `</think>`: an empty block closed, or DeepSeek-V3.1's bare close)."""
     try:
         conversation_samples(tokenizer, conv, kwargs, reasoning_format=fmt, engine=engine, stops=stops)
         traits = template_traits(tokenizer, kwargs)
@@ -519,7 +520,7 @@ def format_holds(tokenizer, conv: Conversation, kwargs: dict, fmt: str, engine=N
         for i, m in enumerate(formatted.messages):
             if m["role"] == "assistant" and conv.messages[i].get("reasoning_content"):
                 t = turn_text(tokenizer, formatted, i, kwargs, traits)
-                if _THINKING_OFF.search(t.before) or m["content"].strip() not in t.text:
+                if _CLOSES_THINK.search(t.before) or m["content"].strip() not in t.text:
                     return False
     except ValueError:  # Dropped, or a format the template refuses
         return False
