@@ -164,3 +164,28 @@ def test_an_environment_gate_names_the_variable_and_the_value_that_turns_it_on(m
 def test_an_environment_gate_set_here_is_a_break(monkeypatch):
     monkeypatch.setenv("FAKE_STRICT_VOCAB", "1")
     assert _verdict("round4", "env")[0] == "break"
+
+
+def test_the_refusals_of_a_release_are_reused_until_an_environment_variable_they_read_changes(
+    tmp_path, monkeypatch
+):
+    """`doctor --against` keeps its refusals in the cache; setting FAKE_STRICT_VOCAB judges them again."""
+    from specdraft.doctor import command
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    monkeypatch.delenv("FAKE_STRICT_VOCAB", raising=False)
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(__import__("json").dumps(EXPORT))
+    monkeypatch.setattr(command, "installed_root", lambda engine: PAIRS_DIR / "round4" / "base")
+    calls = []
+    real = command.refusal_problems
+    monkeypatch.setattr(command, "refusal_problems", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run():
+        return command._refusals(CONTRACT, PAIRS_DIR / "round4" / "env", str(export), "env", cache=True)
+
+    first, second = run(), run()
+    assert len(calls) == 1 and first == second and first[0].severity == "warning"
+    monkeypatch.setenv("FAKE_STRICT_VOCAB", "1")
+    assert run()[0].severity == "break" and len(calls) == 2

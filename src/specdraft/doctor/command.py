@@ -68,6 +68,7 @@ from typing import Any
 from specdraft.doctor.check import Findings, Problem, check_contract, installed_root, shorten
 from specdraft.doctor.formats.against import check_format_engine, format_engine_for
 from specdraft.doctor.formats.check import check_export_dir, check_formats
+from specdraft.doctor.refusals import env
 from specdraft.doctor.refusals.check import refusal_problems
 from specdraft.doctor.release.wheel import cache_dir, locate, requirement_problems
 from specdraft.doctor.source.reader import SourceTree, unguarded_cuda_calls
@@ -173,7 +174,7 @@ def _source_problems(contract: Contract, root: Path, export: str | None) -> list
 
 
 def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequence[str],
-                   export: str | None, report: Report) -> None:  # fmt: skip
+                   export: str | None, report: Report, cache: bool = True) -> None:  # fmt: skip
     """Everything ``--against`` checks: what was read, its pins, the contracts, the export formats and the
     refusals on our values it adds to the installed release's."""
     fe = format_engine_for(against)
@@ -200,7 +201,7 @@ def _check_against(against: str, todo: Sequence[Contract], dev: str, archs: Sequ
             p.release = against
         report.problems.extend(probs)
         # the refusals on our values that the release adds to the installed one's (doctor/refusals/)
-        refusals = refusal_problems(c, rel.root, installed_root(c.engine), export, release=against)
+        refusals = _refusals(c, rel.root, export, against, cache)
         for p in refusals:  # its summary line too
             p.release = p.release or against
         report.problems.extend(refusals)
@@ -603,12 +604,47 @@ def _contract_fingerprint(contract: Contract, device: str, architectures: Sequen
     key = [content(contract), device, list(architectures), sys.executable, sys.version]
     h.update(_json.dumps(key, sort_keys=True).encode())
     h.update(_tree_stat(root / contract.engine).encode())
+    _checker_digest(h)
+    h.update(_installed_distributions().encode())
+    return h.hexdigest()[:32]
+
+
+def _checker_digest(h: Any) -> None:
+    """Feed ``h`` the contents of specdraft's checker, contract and worker-extension files."""
     here = Path(__file__).resolve().parents[1]  # src/specdraft
     files = [*sorted(here.glob("doctor/**/*.py")), *sorted(here.glob("engine/**/*.py"))]
     for f in [*files, *(here / name for name in _CHECKER_FILES)]:
         h.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
-    h.update(_installed_distributions().encode())
-    return h.hexdigest()[:32]
+
+
+def _refusals(c: Contract, root: Path, export: str | None, against: str, cache: bool) -> list[Problem]:
+    """:func:`refusal_problems` of the release under ``root``, reused while both releases' files, the export's
+    ``config.json``, specdraft's checker and the environment variables the refusals read are unchanged."""
+    installed = installed_root(c.engine)
+    if not cache or installed is None or not (installed / c.engine).is_dir():
+        return refusal_problems(c, root, installed, export, release=against)
+    h = hashlib.sha256(_json.dumps([content(c), against, sys.version], sort_keys=True).encode())
+    for tree in (root, installed):
+        h.update(_tree_stat(tree / c.engine).encode())
+    config = Path(export).expanduser() / "config.json" if export else None
+    h.update(config.read_bytes() if config is not None and config.is_file() else b"-")
+    _checker_digest(h)
+    path = cache_dir().parent / "doctor" / f"refusals-{c.engine}-{h.hexdigest()[:32]}.json"
+    try:
+        data = _json.loads(path.read_text())
+        if all(os.environ.get(k) == v for k, v in data["environ"].items()):
+            return [Problem(**p) for p in data["problems"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: read the releases again
+    env.READ.clear()
+    problems = refusal_problems(c, root, installed, export, release=against)
+    data = {"environ": {k: os.environ.get(k) for k in env.READ}, "problems": [asdict(p) for p in problems]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, _json.dumps(data))
+    except OSError:
+        pass  # a read-only cache only costs time
+    return problems
 
 
 def _check_installed(
@@ -689,7 +725,7 @@ def run_doctor(
     if export:
         report.info["export"] = str(Path(export).expanduser())
     if against:
-        _check_against(against, todo, dev, archs, export, report)
+        _check_against(against, todo, dev, archs, export, report, cache)
     if live:
         from specdraft.doctor.release.live import live_check
 

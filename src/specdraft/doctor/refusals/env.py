@@ -21,11 +21,13 @@ from specdraft.doctor.refusals.collect import Refusal
 from specdraft.doctor.refusals.judge import DESCEND, truth
 from specdraft.doctor.source.reader import dotted_name
 
-__all__ = ["EnvGate", "env_gate"]
+__all__ = ["READ", "EnvGate", "env_gate"]
 
 _GET = {"os.environ.get", "os.getenv", "environ.get", "getenv", "os.environ.setdefault"}
 _ENVIRON = {"os.environ", "environ"}
 _UNSET: Any = object()
+#: every variable a condition was judged with (a result cache holds while their values are unchanged)
+READ: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def env_gate(
     var = next((v for t in r.tests for n in ast.walk(t) if (v := _read(n, qualify))), "")
     if not var:
         return None
+    READ.add(var)
     here = os.environ.get(var, _UNSET)
     refused, case = verdict(_set(r, var, here, qualify))
     on = _turns_on(r, var, qualify)
