@@ -285,3 +285,12 @@ def test_item5_extract_eval_and_online_train_refuse_it_before_anything_loads(
     err = capsys.readouterr().err
     assert "--tensor-parallel-size 2 cannot split the target's attention (9 heads, 3 KV heads)" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_item3_origins_are_the_running_commands_alone(monkeypatch):
+    """A stage another command runs (quickstart's train) writes no "from": the command line named other settings."""
+    monkeypatch.setattr(runtime, "FROM_COMMAND_LINE", True)
+    monkeypatch.setattr(runtime, "COMMAND", "quickstart")
+    monkeypatch.setattr(runtime, "GIVEN", {"out": "command line"})
+    assert "from" not in runtime.settings_doc("train", {"out": "x"})
+    assert runtime.settings_doc("quickstart", {"out": "x"})["from"] == {"out": "command line"}

@@ -339,11 +339,12 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime.GIVEN.clear()
     runtime.RESOLVED.clear()
-    runtime.FROM_COMMAND_LINE = True
+    runtime.FILLED.clear()
+    runtime.FROM_COMMAND_LINE, runtime.COMMAND = True, wanted
     try:
         return _run(fns, argv, wanted)
     finally:  # a later call from Python in this process is not this command line's
-        runtime.FROM_COMMAND_LINE = False
+        runtime.FROM_COMMAND_LINE, runtime.COMMAND = False, ""
         runtime.GIVEN.clear()
 
 

@@ -20,6 +20,8 @@ RESOLVED: dict[str, str] = {}
 GIVEN: dict[str, str] = {}
 #: whether the running command was parsed from a command line (`cli.main`), where GIVEN is known
 FROM_COMMAND_LINE = False
+#: the command the command line runs (GIVEN is its settings', not those of a stage another command runs)
+COMMAND = ""
 #: the settings the running command filled in itself (train's small-run recipe): name -> what filled it
 FILLED: dict[str, str] = {}
 _warned: set[str] = set()
@@ -94,7 +96,7 @@ def settings_doc(command: str, settings: dict, name: str = "FILE") -> dict:
         "settings_version": SETTINGS_VERSION,
         "settings": {k: _plain(_absolute(k, v) if k in PATH_SETTINGS else v) for k, v in settings.items()},
         "resolved": dict(RESOLVED),
-        **({"from": origins(settings)} if FROM_COMMAND_LINE else {}),
+        **({"from": origins(settings)} if FROM_COMMAND_LINE and command == COMMAND else {}),
         "note": f"a valid `specdraft {command} --config {name}`; options on the command line override it",
     }
 
