@@ -83,21 +83,6 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "[THINK]",
         "[/THINK]",
     ],
-    "deepseek_v31": [
-        "<｜begin▁of▁sentence｜>",
-        "<｜end▁of▁sentence｜>",
-        "<｜User｜>",
-        "<｜Assistant｜>",
-        "<think>",
-        "</think>",
-        "<｜tool▁calls▁begin｜>",
-        "<｜tool▁calls▁end｜>",
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁call▁end｜>",
-        "<｜tool▁sep｜>",
-        "<｜tool▁output▁begin｜>",
-        "<｜tool▁output▁end｜>",
-    ],
     "glm45": [
         "[gMASK]",
         "<sop>",
@@ -114,6 +99,8 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
         "</tool_response>",
     ],
 }
+# DeepSeek-V3.1 keeps R1's markers but the block around tool outputs (each output is wrapped alone)
+SPECIAL_TOKENS["deepseek_v31"] = [t for t in SPECIAL_TOKENS["deepseek_r1"] if "outputs" not in t]
 #: the stop ids each stand-in's generation_config lists (`eos_token_id`), as tokens; the others stop on their eos
 GENERATION_STOPS: dict[str, list[str]] = {"glm45": ["<|endoftext|>", "<|user|>", "<|observation|>"]}
 # bos/eos as the real tokenizers set them (the others keep conftest's eos <|im_end|>, which is their end of turn)

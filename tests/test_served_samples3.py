@@ -301,7 +301,7 @@ def test_the_engine_check_catches_a_doubled_close_tag_doubled_newlines_and_a_par
     tmp_path,
 ):
     from specdraft.data.engine_render import engine_renderer
-    from specdraft.data.render import Sample, _check_engine
+    from specdraft.data.render import Sample
 
     engine, _ = engine_renderer(standin_target("deepseek_v31", tmp_path / "t"), None, "vllm")
     tok, conv, samples = _samples("deepseek_v31", {"thinking": True}, "reasoning, 3 turns", engine=engine)
@@ -312,12 +312,12 @@ def test_the_engine_check_catches_a_doubled_close_tag_doubled_newlines_and_a_par
     n = len(tok(doubled.before, add_special_tokens=False)["input_ids"])
     bad = Sample(ids, [0] * n + [1] * (len(ids) - n), prompts=[n])
     with pytest.raises(Dropped, match="^vllm .*scored turn"):
-        _check_engine(engine, conv, [(2, doubled)], [bad], {"thinking": True})
+        engine.check(conv, [(2, doubled)], [bad], {"thinking": True})
     # the newlines around the reasoning doubled (no target writes `\n\nR\n\n</think>`)
     spaced = replace(t, text="\n\nIntroduce myself.\n\n" + t.text[len("Introduce myself.") :])
     ids = tok(spaced.before + spaced.text, add_special_tokens=False)["input_ids"]
     with pytest.raises(Dropped, match="^vllm .*scored turn"):
-        _check_engine(engine, conv, [(2, spaced)], [Sample(ids, [0] * n + [1] * (len(ids) - n), prompts=[n])],
+        engine.check(conv, [(2, spaced)], [Sample(ids, [0] * n + [1] * (len(ids) - n), prompts=[n])],
                       {"thinking": True})  # fmt: skip
     # a text part joined with nothing (as prepare joined them before): vLLM joins them with a newline
     conv = _conv("text parts")

@@ -46,10 +46,21 @@ token belongs to the kind of its first character.) Otherwise one sample per assi
 tokenized alone (as the serving engine tokenizes the prompt) followed by the turn's text tokenized alone, that
 part scored.
 
+A turn the template opens with its own closing tag after a prompt that opens a think block (DeepSeek-V3.1:
+`<think>` in the prompt, `</think>ANSWER` in the turn) is the reasoning then that rendering: one `</think>`.
+
+What ends a turn (`stops`, the target's stop ids: its eos and generation_config's `eos_token_id`): a turn the
+template ends with none of them, where the next role marker is one (GLM-4.5's `<|user|>`, `<|observation|>`),
+gets that marker (`Turn.stop`): what the target writes to stop. Each turn is counted by what ends it
+(`turn_end`: the template's end token, a stop id added, or none) in `Sample.ends`, the manifest's `turn_ends`.
+
 The self-check (`_check_turn`, `_check_whole`): before a sample is kept it is decoded and compared, as text,
 with the template's renderings: the prompt part with `before` (or the whole sample with the conversation's
 rendering), the scored part with the turn's text, and that text with the template's rendering of the turn
-(`upto`). A mismatch drops the conversation with a reason that starts "self-check".
+(`upto`). A mismatch drops the conversation with a reason that starts "self-check". The engine check
+(`engine_render.check_samples`, with vLLM) renders the client's messages itself: the prompt, the turn, and the
+scored turn (vLLM's text of the turn ends it, only the reasoning and its tags before it, vLLM's tokenizer gives
+the same ids).
 
 Kinds, for the manifest's counts and `--no-reasoning-loss`: within a turn, `reasoning` runs from the turn's
 start through its reasoning text and the closing think tag; `tool_call` from the end of the content (or of
@@ -87,11 +98,6 @@ _EMPTY_BLOCK = re.compile(r"^\s*<think>\s*</think>")  # the block alone, the con
 _OPEN_THINK = re.compile(r"\s*<think>")
 _OPENS_WITH_CLOSE = re.compile(r"</think>")  # a turn that starts with its own close tag
 _OPENS_THINK = re.compile(r"<think>\s*$")
-# a turn's part before the renderer's text, around its reasoning: an opening tag then a newline at most before
-# it, a newline at most then the closing tag (two newlines after it, R1's `\n</think>\n\n`) after it: a doubled
-# newline there is none the target writes
-_BEFORE_REASONING = re.compile(r"(<think>)?\n?")
-_AFTER_REASONING = re.compile(r"\n?(</think>\n{0,2})?")
 _THINKING_OFF = re.compile(r"<think>\s*</think>\s*$")  # a prompt that closes an empty think block
 _CLOSES_THINK = re.compile(r"</think>\s*$")  # a prompt that switches thinking off, with or without `<think>`
 _PROBE = "SPECDRAFT-REASONING-PROBE"
@@ -188,9 +194,9 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
     """The samples of one conversation (one when the template is stable, else one per assistant turn), each
     checked against the template's rendering. `template` names the template in reasons; `notes` gets what was
     left out to follow the template (reasoning it renders none of); `engine` (an `engine_render.EngineRenderer`)
-    checks every prompt and turn against the serving engine's own rendering too (`_check_engine`); `stops`: the
-    target's stop ids (`targets.stop_ids`: the tokenizer's eos and generation_config's `eos_token_id`), what ends a
-    turn the template ends with no marker of its own (`_stop_after`); None: the tokenizer's eos.
+    checks every prompt and turn against the serving engine's own rendering too (`EngineRenderer.check`); `stops`:
+    the target's stop ids (`targets.stop_ids`: the tokenizer's eos and generation_config's `eos_token_id`), what
+    ends a turn the template ends with no marker of its own (`_stop_after`); None: the tokenizer's eos.
 
     Raises `Dropped` (with the reason) for a conversation no true sample can be made of."""
     kwargs = kwargs or {}
@@ -226,7 +232,7 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
             sample.prompts = [next(k for k, (s, e) in enumerate(enc["offset_mapping"]) if s >= a and e > s)
                               for a, _ in edges]  # fmt: skip
             if engine is not None:
-                _check_engine(engine, conv, turns, [sample] * len(turns), kwargs)
+                engine.check(conv, turns, [sample] * len(turns), kwargs)
             sample.ends = ends
             return _noted(notes, said, [sample])
     out = []
@@ -241,7 +247,7 @@ def conversation_samples(tokenizer, conv: Conversation, kwargs: dict | None = No
         sample.prompts = [len(head)]
         out.append(sample)
     if engine is not None:
-        _check_engine(engine, conv, turns, out, kwargs)
+        engine.check(conv, turns, out, kwargs)
     for sample, (_, t) in zip(out, turns):
         sample.ends = _count_ends([t], markers)
     return _noted(notes, said, out)
@@ -300,94 +306,6 @@ def _stop_after(
     ws = after[: len(after) - len(after.lstrip())]
     mark = next((m for m in sorted(markers, key=len, reverse=True) if after.lstrip().startswith(m)), None)
     return replace(t, stop=ws + mark) if mark else t
-
-
-def _check_engine(engine, conv: Conversation, turns: list[tuple[int, Turn]], samples: list[Sample],
-                  kwargs: dict) -> None:  # fmt: skip
-    """The engine check: for each turn, the engine renders the messages before it (as a client sends them: reasoning
-    in `reasoning`, text parts as given) with its generation prompt to the sample's prompt, text and token ids, the
-    messages through it to the template's rendering of the turn (`upto`), and the scored turn is what the target
-    writes after that prompt as the engine renders the conversation (`_check_scored`); else `Dropped` naming the
-    engine and the first difference."""
-    from specdraft.data.engine_render import as_client_sends, first_difference
-
-    client = replace(conv, reasoning_name="reasoning_content", sends_parts=False)
-    sent = as_client_sends(as_sent(client, len(conv.messages)), conv.parts)
-    for k, ((i, t), sample) in enumerate(zip(turns, samples)):
-        n = sample.prompts[k if len(sample.prompts) > 1 else 0]
-        try:
-            text, ids = engine.render(sent[:i], conv.tools, True, kwargs)
-            upto, _ = engine.render(sent[: i + 1], conv.tools, False, kwargs)
-            history = upto if upto.startswith(text) else engine.render(sent[:i], conv.tools, False, kwargs)[0]
-        except Exception as e:  # the engine refuses what the template renders: no true sample
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise Dropped(f"{engine.name} refuses the conversation the template renders: {msg}") from e
-        if text != t.before:
-            raise Dropped(f"{engine.name} renders the prompt of a turn unlike the template: "
-                          f"{first_difference(t.before, text)}")  # fmt: skip
-        if ids != sample.input_ids[:n]:
-            raise Dropped(f"{engine.name} tokenizes the prompt of a turn unlike the sample: "
-                          f"{first_difference(sample.input_ids[:n], ids, 'token')}")  # fmt: skip
-        if upto != t.upto:
-            raise Dropped(
-                f"{engine.name} renders a turn unlike the template: {first_difference(t.upto, upto)}"
-            )
-        reasoning = (conv.messages[i].get("reasoning_content") or "").strip()
-        given = conv.parsed[i][0] if i in conv.parsed else reasoning  # as the data wrote it, edges included
-        _check_scored(engine, t, sample, n, (text, upto, history), given if given in t.text else reasoning)
-
-
-def engine_turn(before: str, upto: str, history: str) -> tuple[str, bool]:
-    """(the text a renderer shows for a turn after its prompt `before`, whether the prompt opens a think block the
-    rendering of the turn lacks): `upto` past `before` when it extends it; else `upto` past the history and the
-    prompt's header (the prompt past the history, less a trailing `<think>`), and past that `<think>` when the
-    turn's rendering has it. `history`: the messages before the turn rendered without the prompt."""
-    if upto.startswith(before):
-        return upto[len(before) :].rstrip(), False
-    gen = before[len(history) :] if before.startswith(history) else ""
-    opens = _OPENS_THINK.search(gen)
-    header = gen[: opens.start()] if opens else gen
-    at = len(history) if upto.startswith(history) else upto.rfind(header) if header else -1
-    if at < 0 or not upto.startswith(header, at):
-        return "", False
-    body = upto[at + len(header) :]
-    if opens and body.startswith(gen[opens.start() :]):
-        return body[len(gen) - opens.start() :].rstrip(), False
-    return body.rstrip(), bool(opens)
-
-
-def _check_scored(
-    engine, t: Turn, sample: Sample, n: int, shown: tuple[str, str, str], reasoning: str
-) -> None:
-    """The scored turn against the engine (what the target must generate after the prompt, token by token): the
-    engine's own text of the turn (`engine_turn`) ends it, before that comes nothing but the turn's reasoning and
-    its think tags, one closing tag at most (one exactly after a prompt that opens a think block) and no opening
-    one after such a prompt, and the engine's tokenizer makes the sample's ids of the prompt and the turn (a
-    turn's stop id after it) from the engine's prompt followed by the turn. `shown`: the engine's (prompt, rendering
-    through the turn, history) texts."""
-    from specdraft.data.engine_render import first_difference
-
-    before = shown[0]
-    shown, opened = engine_turn(*shown)
-    empty = _EMPTY_BLOCK.match(shown)
-    if reasoning and empty and not t.text.endswith(shown):  # the empty block the reasoning goes in (Kimi)
-        shown = shown[empty.end() :]
-    head = t.text[: len(t.text) - len(shown)]
-    pre, _, post = head.partition(reasoning) if reasoning and reasoning in head else ("", "", head)
-    if not t.text.endswith(shown) or not (
-        _BEFORE_REASONING.fullmatch(pre) and _AFTER_REASONING.fullmatch(post)
-    ):
-        why = (f"before vLLM's text of it, {head[:80]!r} is more than the reasoning and its tags"
-               if t.text.endswith(shown) else f"it does not end with vLLM's text of it {shown[-80:]!r}")  # fmt: skip
-        raise Dropped(f"{engine.name} renders the scored turn unlike the sample: {why}")
-    closes, opens = t.text.count("</think>"), t.text.count("<think>")
-    if closes > 1 or opens > 1 or (opened and (closes != 1 or opens)):
-        raise Dropped(f"{engine.name}: the scored turn holds {opens} <think> and {closes} </think> after a prompt "
-                      f"that {'opens' if opened else 'opens no'} think block")  # fmt: skip
-    ids = engine.encode(before + t.text + t.stop)
-    if ids != sample.input_ids[: len(ids)] or len(ids) < n:
-        raise Dropped(f"{engine.name} tokenizes the prompt and scored turn unlike the sample: "
-                      f"{first_difference(sample.input_ids, ids, 'token')}")  # fmt: skip
 
 
 def _straddled(offsets, points: list[int]) -> bool:
