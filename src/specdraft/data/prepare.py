@@ -12,7 +12,9 @@ counted by reason and listed with its record number; nothing is lost silently.
 
 Samples (`specdraft.data.render`): the loss mask covers what the target generates when serving -- each
 assistant turn's reasoning, content and tool calls with its end-of-turn token (`--no-reasoning-loss`
-leaves the reasoning out), never tool results, user or system text; counted per kind in the manifest. A
+leaves the reasoning out), never tool results, user or system text; counted per kind in the manifest. A turn
+the template ends with no marker of its own gets the stop id the target writes (the next role marker, when the
+target's generation_config lists it among `eos_token_id`); `turn_ends` counts what ends each turn. A
 template that renders earlier turns differently once later turns follow (hybrid thinking) gets one sample
 per assistant turn, in the context the target saw when it generated it. `--chat-template` (a file or the
 Jinja text) and `--chat-template-kwargs` (JSON, e.g. `{"enable_thinking": false}`) choose the rendering and
