@@ -3,6 +3,7 @@ fails on the code before the issue); the torchrun runs themselves are in test_tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -294,3 +295,22 @@ def test_item3_origins_are_the_running_commands_alone(monkeypatch):
     monkeypatch.setattr(runtime, "GIVEN", {"out": "command line"})
     assert "from" not in runtime.settings_doc("train", {"out": "x"})
     assert runtime.settings_doc("quickstart", {"out": "x"})["from"] == {"out": "command line"}
+
+
+def test_item1_a_resume_on_other_ranks_names_the_line_it_ran_with(tmp_path):
+    """The one-process line run for a 2-rank checkpoint is refused naming the torchrun line that resumes it."""
+    import torch
+
+    from specdraft.train.checkpoint import STATE_FILE, _load_train_state
+    from specdraft.train.config import TrainConfig
+
+    cfg = TrainConfig()
+    ckpt = tmp_path / "step_00000002"
+    ckpt.mkdir()
+    torch.save(
+        {"config": dataclasses.asdict(cfg), "world": 2, "plan_hash": "p", "provenance": {}}, ckpt / STATE_FILE
+    )
+    with pytest.raises(ValueError) as e:
+        _load_train_state(ckpt, cfg, 1, "p")
+    assert "2 ranks instead of 1: resume as it ran, `torchrun --nproc_per_node 2 -m specdraft.cli train ... " \
+           "--resume`" in str(e.value)  # fmt: skip

@@ -253,7 +253,12 @@ def _load_train_state(
     defaults = asdict(TrainConfig())  # a setting newer than the checkpoint: its default is what it ran with
     changed = [k for k, _, _ in changed_settings(old, asdict(cfg), defaults, skip=_RESUME_FREE)]
     if state["world"] != world:
-        changed.append(f"{state['world']} ranks instead of {world}")
+        again = (
+            f"torchrun --nproc_per_node {state['world']} -m specdraft.cli"
+            if state["world"] > 1
+            else "specdraft"
+        )
+        changed.append(f"{state['world']} ranks instead of {world}: resume as it ran, `{again} train ... --resume`")  # fmt: skip
     hint = ""
     if changed and set(changed) <= {*SMALL_RUN, "recipe"}:  # what --recipe auto decides from the data alone
         hint = (" (these are the small-run recipe's: resume with the --recipe the run started with; a run from "
