@@ -189,3 +189,18 @@ def test_the_refusals_of_a_release_are_reused_until_an_environment_variable_they
     assert len(calls) == 1 and first == second and first[0].severity == "warning"
     monkeypatch.setenv("FAKE_STRICT_VOCAB", "1")
     assert run()[0].severity == "break" and len(calls) == 2
+
+
+def test_a_list_too_long_to_try_every_element_never_passes():
+    """300 distinct aux layer ids, all below 64: more cases than are tried, so a warning, never a pass."""
+    root = PAIRS_DIR / "round4"
+    long = {**EXPORT, "eagle_aux_hidden_state_layer_ids": [i / 5 for i in range(300)]}
+    (p,) = new_refusals(
+        SourceTree(root / "loop_ok"), SourceTree(root / "base"), CONTRACT, {"speculators": long}
+    )
+    assert p.severity == "warning", p
+    short = {**EXPORT, "eagle_aux_hidden_state_layer_ids": [i / 5 for i in range(200)]}
+    (p,) = new_refusals(
+        SourceTree(root / "loop_ok"), SourceTree(root / "base"), CONTRACT, {"speculators": short}
+    )
+    assert p.severity == "info", p

@@ -15,6 +15,7 @@ import ast
 import functools
 import itertools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +35,7 @@ from specdraft.engine.contract import Contract
 __all__ = ["Found", "new_refusals", "refusal_problems", "refusals"]
 
 FieldPath = tuple[str, ...]
-_MAX_CASES = 32  # combinations of our values tried per condition
+_MAX_CASES = 256  # combinations of our values tried per condition (more: never "passes")
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,8 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
         if v:
             return True, shown
         verdicts.append((v, shown))
-    if verdicts and all(v is False for v, _ in verdicts):
+    every = math.prod(len(scope.values[p]) for p in known) <= _MAX_CASES  # no case left untried
+    if verdicts and every and all(v is False for v, _ in verdicts):
         return False, "; ".join(s for _, s in verdicts)
     return None, ""
 
