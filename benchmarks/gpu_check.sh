@@ -119,18 +119,19 @@ def f(x, fmt="{:,.0f}"):
     return "-" if x is None else fmt.format(x)
 
 
+report = read(W / "eval" / "report.json")
+drafts = list(report.get("drafts", {}).values())
+e = drafts[0] if drafts else {}
 rows = [("stage", "seconds", "tokens/s", "MFU", "README's estimate (40% MFU)", "peak GPU MiB", "exit")]
 for name in ("install", "prepare", "extract", "train", "export", "eval", "doctor"):
     secs, peak, rc = stages.get(name, (None, None, None))
     tps = work.get(name) / secs if work.get(name) and secs else None
+    tps = e.get("tokens_per_s") if name == "eval" else tps  # served with the draft, batched
     fl = flops.get(name)
     mfu = tps * fl / peak_flops if tps and fl and peak_flops else None
     est = MFU_ASSUMED * peak_flops / fl if fl and peak_flops else None
     rows.append((name, f(secs, "{:.1f}"), f(tps), f(mfu, "{:.1%}"), f(est) + (" tok/s" if est else ""),
                  f(peak), f(rc, "{}")))
-report = read(W / "eval" / "report.json")
-drafts = list(report.get("drafts", {}).values())
-e = drafts[0] if drafts else {}
 b1 = e.get("batch1") or {}
 lossless = (e.get("lossless") or {}).get("ok")
 widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

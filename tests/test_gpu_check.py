@@ -28,7 +28,15 @@ def test_the_dry_run_checks_every_stage_and_prints_the_table(tmp_path):
     (work / "stages.tsv").write_text("prepare\t2.0\t0\t0\nextract\t4.0\t10240\t0\n")
     (work / "ds" / "manifest.json").write_text(json.dumps({"num_tokens": 1000}))
     report = {
-        "drafts": {"x": {"tau": 1.5, "speedup": 1.25, "batch1": {"speedup": 1.1}, "lossless": {"ok": True}}}
+        "drafts": {
+            "x": {
+                "tau": 1.5,
+                "speedup": 1.25,
+                "tokens_per_s": 1234.5,
+                "batch1": {"speedup": 1.1},
+                "lossless": {"ok": True},
+            }
+        }  # fmt: skip
     }
     (work / "eval" / "report.json").write_text(json.dumps(report))
     r = _dry_run(work)
@@ -39,7 +47,7 @@ def test_the_dry_run_checks_every_stage_and_prints_the_table(tmp_path):
     assert "--engine vllm" in r.stdout and "--batch1-prompts 8" in r.stdout and "--live" in r.stdout
     rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines() if ln.split()}
     assert rows["prepare"][1:3] == ["2.0", "500"] and rows["extract"][1:3] == ["4.0", "250"]
-    assert rows["extract"][-2:] == ["10,240", "0"]
+    assert rows["extract"][-2:] == ["10,240", "0"] and rows["eval"][1:3] == ["-", "1,234"]
     assert "tau (vLLM, MT-bench first turns)  1.500" in r.stdout and "speed-up at batch 1  x1.10" in r.stdout
 
 
