@@ -99,7 +99,8 @@ def test_trains_messages_name_only_options_train_or_extract_has():
         "--force-reinstall",
         "--flag",
         "--logdir",
-    }  # mlflow's, pip's, tensorboard's; `--flag / --no-flag`
+        "--nproc",
+    }  # mlflow's, pip's, tensorboard's, torchrun's (--nproc_per_node); `--flag / --no-flag`
     assert {n for n in named if n not in have and not n.startswith("--no-")} - others == set()
 
 
