@@ -133,8 +133,10 @@ def test_eval_at_temperature_serves_the_sampling_methods_and_keeps_the_distribut
     assert json.loads((out / "eval_settings.json").read_text())["settings"]["temperature"] == 0.7
     assert rep["settings"]["temperature"] == 0.7 and rep["settings"]["draft_sample"] == "probabilistic"
     served = d["speculative_config"]
-    assert served["draft_sample_method"] == "probabilistic" and served["rejection_sample_method"] == "standard"
-    assert served["method"] == "eagle3" and served["num_speculative_tokens"] == K and served["model_runner"] == "v1"
+    assert (
+        served["draft_sample_method"] == "probabilistic" and served["rejection_sample_method"] == "standard"
+    )
+    assert (served["method"], served["num_speculative_tokens"], served["model_runner"]) == ("eagle3", K, "v1")
     assert d["rounds"] > 0 and d["tau"] >= 1.0
     assert d["lossless"] == {"checked": False, "ok": None, "divergences": []}
     check = d["distribution"]

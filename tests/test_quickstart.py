@@ -51,9 +51,10 @@ def test_tiny_quickstart_end_to_end_from_the_cli(tmp_path):
         assert s["serve"]["batch1"]["prompts"] == 2 and s["serve"]["batch1"]["round_cost_in_target_steps"] > 0
         # and again at the temperature the target is served at (SmolLM2's GGUF names none: 0.7), sampled
         t = s["serve"]["sampled"]
-        assert (t["temperature"], t["draft_sample"], t["lossless"]) == (0.7, "probabilistic", None) and t["tau"] >= 1
-        assert json.loads((tmp_path / "qs" / "serve_sampled" / "report_vllm.json").read_text())["settings"][
-            "temperature"] == 0.7  # fmt: skip
+        assert (t["temperature"], t["draft_sample"], t["lossless"]) == (0.7, "probabilistic", None)
+        assert t["tau"] >= 1
+        sampled = json.loads((tmp_path / "qs" / "serve_sampled" / "report_vllm.json").read_text())
+        assert sampled["settings"]["temperature"] == 0.7
         assert "vLLM batch 1" in r.stdout
     # the same run spelled absolute resumes (every stage already done) instead of failing
     r2 = subprocess.run([*run[:-1], str(tmp_path / "qs")], capture_output=True, text=True, timeout=600)

@@ -1,6 +1,5 @@
 """Reads a speculators-style export (a bound written as a shift)."""
 
-
 MAX_DRAFT_VOCAB = 1 << 12
 
 

@@ -1,6 +1,5 @@
 """Reads a speculators-style export (a bound written as a product)."""
 
-
 MAX_DRAFT_VOCAB = 64 * 1024
 
 
