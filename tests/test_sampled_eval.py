@@ -17,7 +17,7 @@ from test_speculate import BigramDrafter, BigramTarget
 from specdraft.decode import speculate
 from specdraft.decode.rules import accept_chain, sample
 from specdraft.decode.speculate import SpecConfig, make_generator, speculative_generate, target_generate
-from specdraft.eval import distribution
+from specdraft.eval import stats
 from specdraft.eval.command import evaluate
 from specdraft.eval.report import summary_lines
 
@@ -26,23 +26,23 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_chi2_survival_matches_known_quantiles():
     # chi-square(1) at 3.841 and chi-square(5) at 11.07 are the 5% points; chi-square(2) is exp(-x/2)
-    assert distribution.chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
-    assert distribution.chi2_sf(11.07, 5) == pytest.approx(0.05, abs=1e-3)
-    assert distribution.chi2_sf(4.0, 2) == pytest.approx(torch.exp(torch.tensor(-2.0)).item(), rel=1e-6)
-    assert distribution.chi2_sf(1.0, 0) == 1.0
+    assert stats.chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3)
+    assert stats.chi2_sf(11.07, 5) == pytest.approx(0.05, abs=1e-3)
+    assert stats.chi2_sf(4.0, 2) == pytest.approx(torch.exp(torch.tensor(-2.0)).item(), rel=1e-6)
+    assert stats.chi2_sf(1.0, 0) == 1.0
 
 
 def test_homogeneity_pools_rare_categories_and_detects_a_shift():
     same = Counter({"a": 50, "b": 30, "c": 20})
-    stat, df, p = distribution.homogeneity(same, same)
+    stat, df, p = stats.homogeneity(same, same)
     assert (stat, df, p) == (pytest.approx(0.0), 2, pytest.approx(1.0))
     # rare categories (pooled count < 10) become one column: 4 rare ones -> "rest" of 8 joins the smallest kept
     a = Counter({"a": 60, "b": 40, "x": 1, "y": 1, "z": 1, "w": 1})
     b = Counter({"a": 60, "b": 40, "x": 1, "y": 1, "z": 1, "w": 1})
-    assert distribution.homogeneity(a, b)[1] == 1
+    assert stats.homogeneity(a, b)[1] == 1
     shifted = Counter({"a": 80, "b": 20})
-    assert distribution.homogeneity(Counter({"a": 50, "b": 50}), shifted)[2] < 1e-4
-    assert distribution.homogeneity(Counter({"a": 5}), Counter({"a": 5})) == (0.0, 0, 1.0)  # nothing to test
+    assert stats.homogeneity(Counter({"a": 50, "b": 50}), shifted)[2] < 1e-4
+    assert stats.homogeneity(Counter({"a": 5}), Counter({"a": 5})) == (0.0, 0, 1.0)  # nothing to test
 
 
 def test_false_alarms_stay_under_the_stated_rate():
@@ -57,7 +57,7 @@ def test_false_alarms_stay_under_the_stated_rate():
             for _ in range(4)
         ]
         sides = [draws[0:2], draws[2:4]]  # 2 prompts a side, 150 samples of 3 tokens each
-        alarms += not distribution.compare(sides[0], sides[1], tokens=3)["ok"]
+        alarms += not stats.compare_distributions(sides[0], sides[1], tokens=3)["ok"]
     assert alarms < 10, alarms
 
 
@@ -80,7 +80,7 @@ def _check(cfg: SpecConfig, samples: int = 1500) -> dict:
     def alone(p, s):
         return target_generate(tgt, p, cfg.max_new_tokens, cfg.temperature, (), make_generator(s)).tokens
 
-    return distribution.compare(distribution.draw(spec, prompts, samples, 1), distribution.draw(alone, prompts, samples, 10**6),
+    return stats.compare_distributions(stats.draw_samples(spec, prompts, samples, 1), stats.draw_samples(alone, prompts, samples, 10**6),
                                 tokens=cfg.max_new_tokens)  # fmt: skip
 
 
@@ -114,7 +114,7 @@ def test_the_check_fails_on_a_decoder_with_a_wrong_acceptance_rule(monkeypatch, 
     check = _check(SpecConfig(k=3, temperature=0.8, max_new_tokens=4, draft_sample="probabilistic"))
     assert not check["ok"], check
     assert check["worst"]["p_value"] < check["threshold"]
-    line = distribution.summary(check)
+    line = stats.distribution_summary(check)
     assert "NOT KEPT" in line and "false alarms <= 1%" in line
 
 

@@ -3,7 +3,7 @@
 `--engine hf` is :func:`specdraft.eval.reference.evaluate_report`; `--engine vllm` exports training outputs
 first and runs :func:`specdraft.eval.serving.evaluate_vllm` (with `--reference`, the reference decoder alongside). The summary
 lines are :func:`specdraft.eval.report.summary_lines`; the exit status says whether a greedy run was lossless, or
-at T > 0 with `--dist-samples`, whether the output kept the target's distribution (:mod:`specdraft.eval.distribution`).
+at T > 0 with `--dist-samples`, whether the output kept the target's distribution (:mod:`specdraft.eval.stats`).
 Every option is checked against the engine before anything loads: one engine's options given to the other are
 refused with the fix, never dropped.
 """

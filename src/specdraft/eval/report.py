@@ -21,7 +21,7 @@ def _lossless(d: dict) -> str:
 
 
 def _distribution_line(d: dict) -> list[str]:
-    from specdraft.eval.distribution import summary
+    from specdraft.eval.stats import distribution_summary as summary
 
     check = d.get("distribution")
     return [f"  {summary(check)}"] if check else []

@@ -32,7 +32,7 @@ i). Reported per draft (definitions shared with the reference report: :mod:`spec
   lossless                      at T = 0: speculative output == target-only output token for token; every
                                 divergence with its prompt, turn and position. At T > 0 outputs are samples
                                 ("n/a (T>0)"); ``dist_samples`` > 0 runs the two-sample test of
-                                :mod:`specdraft.eval.distribution` instead (``distribution`` in the report);
+                                :mod:`specdraft.eval.stats` instead (``distribution`` in the report);
   speculative_config            what the engine ran with, read back from it (method, k, the sampling methods,
                                 the model runner).
 
@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.eval import batch1, distribution
+from specdraft.eval import batch1, stats
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.report import write_plots
@@ -131,7 +131,7 @@ class _Run:
     log: Callable[[str], None]
     batch1: int = 0  # first-turn prompts also served one at a time (batch 1)
     batch1_rounds: int = 1  # batch-1 measurements of every engine, interleaved (eval/batch1.py)
-    dist_samples: int = 0  # T > 0: samples a side of the distribution check (eval/distribution.py; 0 = off)
+    dist_samples: int = 0  # T > 0: samples a side of the distribution check (eval/stats.py; 0 = off)
     dist_seed: int = 0  # the first seed of the check's samples
 
     @property
@@ -244,9 +244,9 @@ def _samples(eng: VLLMEngine, run: _Run, side: int) -> list[list[list[int]]] | N
     if not run.dist_samples:
         return None
     n = run.dist_samples
-    idx = distribution.pick_prompts(run.first_ids, distribution.PROMPTS)
+    idx = stats.shortest_prompts(run.first_ids, stats.DIST_PROMPTS)
     args = {**run.gen_args, "sequential": False, "seed": run.dist_seed + side * 10**6}
-    g = eng.generate([run.first_ids[i] for i in idx for _ in range(n)], distribution.TOKENS, **args)
+    g = eng.generate([run.first_ids[i] for i in idx for _ in range(n)], stats.DIST_TOKENS, **args)
     return [g.tokens[j * n : (j + 1) * n] for j in range(len(idx))]
 
 
@@ -316,7 +316,7 @@ def _run_draft(
         },
     }
     if samples is not None:
-        entry["distribution"] = distribution.compare(samples, base.samples, distribution.TOKENS)
+        entry["distribution"] = stats.compare_distributions(samples, base.samples, stats.DIST_TOKENS)
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
         entry["per_request_consistent"] = bool(
@@ -422,8 +422,8 @@ def evaluate_vllm(
         top_p: nucleus sampling's mass at T > 0 (1 = off).
         draft_sample: ``greedy`` or ``probabilistic`` drafting (SpeculativeConfig ``draft_sample_method``).
         verify: ``standard`` or ``block`` verification (``rejection_sample_method``; block needs Model Runner V2).
-        dist_samples: T > 0: samples a side of the distribution check (:mod:`specdraft.eval.distribution`, on the
-            ``distribution.PROMPTS`` shortest first turns, ``distribution.TOKENS`` tokens each); 0 = off.
+        dist_samples: T > 0: samples a side of the distribution check (:mod:`specdraft.eval.stats`, on the
+            ``stats.DIST_PROMPTS`` shortest first turns, ``stats.DIST_TOKENS`` tokens each); 0 = off.
 
     Raises:
         ValueError: bad arguments, or a reference list that does not pair with the exports.
