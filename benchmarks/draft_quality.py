@@ -13,7 +13,9 @@ recipe as it was before issue 45: prompt loss, decay 0.5, argmax loss, AdamW, 2 
 base settings as `base_s0` instead of training it again, and `--adopt ARM_sN=RUN` any arm's (the quickstart's own
 train/, trained from the same shards with today's budget, is `kl+epochs2_s0`; before 2026-12-06,
 `kl+muon+epochs2+spb1_s0`). `--snapshots 2,3` serves an arm of more epochs after 2 and 3 of them too (one run,
-stopped, exported and resumed). An `--out` kept from an earlier run reuses every arm trained and exported there;
+stopped, exported and resumed). `ARM@NAME` trains that arm on another extraction, `--data NAME=SHARDS` (the
+quickstart's records regenerated at a temperature). `--temperatures 0,0.7,1 --draft-samples greedy,probabilistic`
+serves every arm at each temperature and drafting method instead (issue 57). An `--out` kept from an earlier run reuses every arm trained and exported there;
 each call serves the arms it names (one vLLM run: the target alone, then each draft; k = 3, greedy, 64 new
 tokens, 80 MT-bench first turns) and prints the table: arm, seed, training seconds, validation accuracy of TTT step
 0, vLLM tau, acceptance per position, batch-1 tokens/s against the target alone, lossless. Nothing asserts on time.
@@ -78,8 +80,10 @@ ARMS = {  # name: what changes against BASE
 
 
 def settings(arm: str) -> tuple[str, TrainConfig]:
-    """`NAME` or `NAME_sSEED` (several names joined by `+` combine their changes) -> (label, settings)."""
+    """`NAME` or `NAME_sSEED` (several names joined by `+` combine their changes; `NAME@DATA` trains on the
+    extraction `--data DATA=SHARDS` names) -> (label, settings)."""
     name, _, seed = arm.partition("_s")
+    name, _, data = name.partition("@")
     change: dict = {}
     for part in name.split("+"):
         if part not in ARMS:
@@ -87,7 +91,20 @@ def settings(arm: str) -> tuple[str, TrainConfig]:
                 f"unknown arm {part!r}; one of {', '.join(ARMS)} (joined by +), with _sN for seed N"
             )
         change.update(ARMS[part])
-    return f"{name}_s{int(seed or 0)}", replace(BASE, seed=int(seed or 0), **change)
+    return f"{name}{'@' + data if data else ''}_s{int(seed or 0)}", replace(
+        BASE, seed=int(seed or 0), **change
+    )
+
+
+def shards_of(label: str, a) -> str:
+    """The extraction an arm trains on: `--shards`, or the one `--data` names for `NAME@DATA`."""
+    data = label.partition("@")[2].rpartition("_s")[0]
+    if not data:
+        return a.shards
+    named = dict(x.split("=", 1) for x in a.data)
+    if data not in named:
+        raise SystemExit(f"arm {label}: no --data {data}=SHARDS given")
+    return named[data]
 
 
 def _val_acc(run: Path) -> float | None:
@@ -208,6 +225,8 @@ def main() -> None:
         "--batch1-rounds", type=int, default=3, help="batch-1 rounds interleaved with the target alone"
     )
     p.add_argument("--k", type=int, default=3, help="draft tokens a round when served")
+    p.add_argument("--dist-samples", type=int, default=0,
+                   help="T > 0: samples a side of eval's distribution check (a ! after a cell: not kept)")  # fmt: skip
     p.add_argument("--serve-out", default="serve", help="the serving report's directory under --out")
     p.add_argument("--train-only", action="store_true", help="train and export, serve nothing")
     p.add_argument("--temperatures", default="0", metavar="T,T",
@@ -219,6 +238,9 @@ def main() -> None:
         metavar="M,M",
         help="vLLM's drafting at T > 0: greedy,probabilistic (T = 0 is greedy only)",
     )
+    p.add_argument("--data", action="append", default=[], metavar="NAME=SHARDS",
+                   help="another extraction, trained on by arms named ARM@NAME (issue 57: the quickstart's records "
+                        "regenerated at a temperature); repeatable")  # fmt: skip
     p.add_argument("--out", default="runs/bench-draft-quality")
     a = p.parse_args()
     root = Path(a.out)
@@ -231,7 +253,7 @@ def main() -> None:
             label, cfg = settings(f"{arm}_s{seed}" if seed else arm)
             print(f"=== {label}: {', '.join(f'{k}={v}' for k, v in sorted(vars(cfg).items()) if getattr(BASE, k) != v)}",
                   flush=True)  # fmt: skip
-            for row in trained(root, label, cfg, a.shards, adopted, snapshots):
+            for row in trained(root, label, cfg, shards_of(label, a), adopted, snapshots):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if a.train_only:
@@ -268,20 +290,23 @@ def main() -> None:
 
 
 def sampled_table(rows: list[dict], root: Path, a, temps: list[float], methods: list[str]) -> None:
-    """Every arm served at each temperature and drafting method (one vLLM run each, its report reused when
-    there): a table of tau, arm by (T, drafting), with the batched speed-up, and tau-by-temperature.png."""
+    """Every arm served at each temperature and drafting method (one vLLM run per arm and column, with the target
+    alone beside it, its report kept under OUT/SERVE-T{t}-{m}/ARM and reused by a rerun, so an arm added later
+    costs only its own runs): a table of tau, arm by (T, drafting), with the batched speed-up, and
+    tau-by-temperature.png. Every sampled column also runs the distribution check (`--dist-samples`)."""
     cols = [(t, m) for t in temps for m in (["greedy"] if t == 0 else methods)]
     results = {}
     for t, m in cols:
-        out = root / f"{a.serve_out}-T{t:g}-{m}"
-        f = out / "report_vllm.json"
-        exports = [r["export"] for r in rows]
-        rep = json.loads(f.read_text()) if f.exists() else {}
-        if set(rep.get("drafts", {})) != set(exports):
-            shutil.rmtree(out, ignore_errors=True)
-            rep = evaluate_vllm(exports, prompts="mtbench", k=a.k, max_new_tokens=64, max_prompts=a.prompts,
-                                batch1_prompts=0, out=str(out), temperature=t, draft_sample=m)  # fmt: skip
-        results[(t, m)] = rep
+        for r in rows:
+            out = root / f"{a.serve_out}-T{t:g}-{m}" / r["arm"]
+            f = out / "report_vllm.json"
+            rep = json.loads(f.read_text()) if f.exists() else {}
+            if r["export"] not in rep.get("drafts", {}):
+                shutil.rmtree(out, ignore_errors=True)
+                rep = evaluate_vllm([r["export"]], prompts="mtbench", k=a.k, max_new_tokens=64, max_prompts=a.prompts,
+                                    batch1_prompts=0, out=str(out), temperature=t, draft_sample=m,
+                                    dist_samples=a.dist_samples if t > 0 else 0)  # fmt: skip
+            results[(t, m, r["export"])] = rep["drafts"][r["export"]]
     head = "".join(f"{f'T={t:g} {m[:5]}':>14}" for t, m in cols)
     print(
         f"\n{'arm':<24}{head}   (vLLM tau over {a.prompts} MT-bench first turns, k={a.k}; batched speed-up)"
@@ -289,9 +314,12 @@ def sampled_table(rows: list[dict], root: Path, a, temps: list[float], methods: 
     for r in rows:
         cells = []
         for c in cols:
-            d = results[c]["drafts"][r["export"]]
-            cells.append(f"{d['tau']:.3f} x{d['speedup'] or 0:.2f}")
+            d = results[(*c, r["export"])]
+            kept = (d.get("distribution") or {}).get("ok")
+            cells.append(f"{d['tau']:.3f} x{d['speedup'] or 0:.2f}{'' if kept in (None, True) else '!'}")
             r[f"tau_T{c[0]:g}_{c[1]}"] = round(d["tau"], 3)
+            r[f"speedup_T{c[0]:g}_{c[1]}"] = d["speedup"]
+            r[f"kept_T{c[0]:g}_{c[1]}"] = kept
         print(f"{r['arm']:<24}" + "".join(f"{x:>14}" for x in cells))
     (root / f"table-{a.serve_out}-sampled.json").write_text(json.dumps(rows, indent=1))
     print(
