@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from specdraft.decode.speculate import GenResult, SpecConfig, Speculator
-from specdraft.eval import stats
+from specdraft.eval import stats as figures
 from specdraft.eval.prompts import Prompt, load_prompts, render_prompt, render_turn
 from specdraft.eval.report import write_plots
 from specdraft.eval.stats import acceptance_stats, divergence, tau_of
@@ -272,15 +272,17 @@ def _distribution_checks(specs: dict[str, Speculator], first_ids: list[list[int]
     if not samples:
         return {}
     assert cfg.temperature > 0, "the distribution check is for sampled output"
-    short = SpecConfig(**{**asdict(cfg), "max_new_tokens": stats.DIST_TOKENS})
-    ids = [first_ids[i] for i in stats.shortest_prompts(first_ids, stats.DIST_PROMPTS)]
+    short = SpecConfig(**{**asdict(cfg), "max_new_tokens": figures.DIST_TOKENS})
+    ids = [first_ids[i] for i in figures.shortest_prompts(first_ids, figures.DIST_PROMPTS)]
     any_spec = next(iter(specs.values()))
     if progress:
         print(f"eval: distribution check, {samples} samples a side of {len(ids)} prompts", flush=True)
-    alone = stats.draw_samples(lambda p, s: any_spec.baseline(p, short, s).tokens, ids, samples, 10**7 + seed)
-    return {name: {"distribution": stats.compare_distributions(
-                stats.draw_samples(lambda p, s, sp=sp: sp.generate(p, short, s).tokens, ids, samples, 2 * 10**7 + seed),
-                alone, stats.DIST_TOKENS)} for name, sp in specs.items()}  # fmt: skip
+    alone = figures.draw_samples(
+        lambda p, s: any_spec.baseline(p, short, s).tokens, ids, samples, 10**7 + seed
+    )
+    return {name: {"distribution": figures.compare_distributions(
+                figures.draw_samples(lambda p, s, sp=sp: sp.generate(p, short, s).tokens, ids, samples, 2 * 10**7 + seed),
+                alone, figures.DIST_TOKENS)} for name, sp in specs.items()}  # fmt: skip
 
 
 def evaluate_report(

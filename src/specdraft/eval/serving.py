@@ -56,7 +56,8 @@ from typing import Any
 import torch
 
 from specdraft.engine import contract as engines
-from specdraft.eval import batch1, stats
+from specdraft.eval import batch1
+from specdraft.eval import stats as figures
 from specdraft.eval.parity import compare_with_reference
 from specdraft.eval.prompts import Prompt, collect_prompts, render_turn
 from specdraft.eval.report import write_plots
@@ -244,9 +245,9 @@ def _samples(eng: VLLMEngine, run: _Run, side: int) -> list[list[list[int]]] | N
     if not run.dist_samples:
         return None
     n = run.dist_samples
-    idx = stats.shortest_prompts(run.first_ids, stats.DIST_PROMPTS)
+    idx = figures.shortest_prompts(run.first_ids, figures.DIST_PROMPTS)
     args = {**run.gen_args, "sequential": False, "seed": run.dist_seed + side * 10**6}
-    g = eng.generate([run.first_ids[i] for i in idx for _ in range(n)], stats.DIST_TOKENS, **args)
+    g = eng.generate([run.first_ids[i] for i in idx for _ in range(n)], figures.DIST_TOKENS, **args)
     return [g.tokens[j * n : (j + 1) * n] for j in range(len(idx))]
 
 
@@ -316,7 +317,7 @@ def _run_draft(
         },
     }
     if samples is not None:
-        entry["distribution"] = stats.compare_distributions(samples, base.samples, stats.DIST_TOKENS)
+        entry["distribution"] = figures.compare_distributions(samples, base.samples, figures.DIST_TOKENS)
     if spec.rounds is not None:
         flat = [a for r in spec.rounds for a in r]
         entry["per_request_consistent"] = bool(
