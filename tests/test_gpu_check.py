@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,13 @@ def test_the_dry_run_checks_every_stage_and_prints_the_table(tmp_path):
             }
         }  # fmt: skip
     }
-    (work / "eval" / "report.json").write_text(json.dumps(report))
+    (work / "eval" / "report_vllm.json").write_text(json.dumps(report))  # what eval --engine vllm writes
+    (work / "eval_t07").mkdir()
+    sampled = {"drafts": {"x": {"tau": 1.25, "speedup": 0.9, "distribution": {"ok": False}}}}
+    (work / "eval_t07" / "report_vllm.json").write_text(json.dumps(sampled))
     r = _dry_run(work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for stage in ("prepare", "extract", "train", "export", "eval", "doctor"):
+    for stage in ("prepare", "extract", "train", "export", "eval", "eval_t07", "doctor"):
         assert f"== {stage}: " in r.stdout
     assert "--backend vllm --store-dtype fp8" in r.stdout and "--dtype bfloat16" in r.stdout
     assert "--engine vllm" in r.stdout and "--batch1-prompts 8" in r.stdout and "--live" in r.stdout
@@ -49,6 +53,9 @@ def test_the_dry_run_checks_every_stage_and_prints_the_table(tmp_path):
     assert rows["prepare"][1:3] == ["2.0", "500"] and rows["extract"][1:3] == ["4.0", "250"]
     assert rows["extract"][-2:] == ["10,240", "0"] and rows["eval"][1:3] == ["-", "1,234"]
     assert "tau (vLLM, MT-bench first turns)  1.500" in r.stdout and "speed-up at batch 1  x1.10" in r.stdout
+    assert "--temperature 0.7 --draft-sample probabilistic --dist-samples 200" in r.stdout
+    assert re.search(r"tau at T=0.7 \(probabilistic drafting\) +1.250", r.stdout)
+    assert re.search(r"distribution kept at T=0.7 +False", r.stdout)
 
 
 def test_a_stage_command_the_cli_refuses_fails_the_dry_run(tmp_path):
