@@ -177,7 +177,7 @@ def test_summary_lines_of_a_vllm_report():
         },
     }
     assert summary_lines(report) == [
-        "vLLM 0.32.0, target alone: 10 tokens, 5.0 tok/s",
+        "vLLM 0.32.0, greedy (T=0), target alone: 10 tokens, 5.0 tok/s",
         "x (speculators): tau 1.500, acceptance per position [0.500, -], 4.0 tok/s (x0.80), lossless NO (1 divergences)",
         "  reference decoder: tau 1.250, acceptance per position [0.250, -]; identical rounds in 1/2 prompts",
     ]
@@ -498,6 +498,10 @@ def test_eval_vllm_draws_the_acceptance_plot(tmp_path, monkeypatch, tiny_llama_d
 
         def __exit__(self, *exc):
             return False
+
+        def speculative_settings(self):  # what the engine read back: a chain of k, vLLM's defaults, V1 runner
+            return {"method": "eagle3", "num_speculative_tokens": 3, "draft_sample_method": "greedy",
+                    "rejection_sample_method": "standard", "model_runner": "v1"}  # fmt: skip
 
         def generate(self, ids, n, **kw):
             counters = {"vllm:spec_decode_num_drafts": 4, "vllm:spec_decode_num_draft_tokens": 12,

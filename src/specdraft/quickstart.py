@@ -275,7 +275,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
         title = f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1{inter})"
         with clock.stage("serve", title, (root / "serve" / SERVE_REPORT).exists()):
             served = _serve(root / "serve", exports["speculators"], b)
-        if b.serve_sampled:
+        if b.serve_sampled and served:  # (nothing served greedy: nothing to serve sampled)
             t, top_p, source = _serve_temperature()
             title = (f"serve in vLLM at T={t:g} ({source}; {b.serve_draft_sample} drafting; {b.serve_prompts} "
                      f"first turns batched, {b.batch1_prompts} at batch 1)")  # fmt: skip
@@ -373,7 +373,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     print(_table(summary))
     print("\n".join(summary_lines(report)))
     if served:
-        print("\n".join(served["lines"] + served.get("sampled", {}).get("lines", [])))
+        print("\n".join(served.get("lines", []) + served.get("sampled", {}).get("lines", [])))
     print("\nserve the draft:")
     target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
     # the hub id the speculators export names: then `vllm serve EXPORT` works on every release

@@ -431,10 +431,11 @@ def _read_manifests(paths) -> list[dict]:
 
 
 def read_manifest(path: Path, fix: str) -> dict:
-    """An extraction manifest (`read_state`); one that records neither its kind nor the specdraft that wrote it
-    (`{}`, or not extract's) is refused as unreadable, naming it and what it lacks, not dated as an old one."""
+    """An extraction manifest (`read_state`); one that records none of its kind, the specdraft that wrote it and its
+    extraction (`{}`, or not extract's) is refused as unreadable, naming it and what it lacks, not dated as an old
+    one."""
     man = read_state(path, fix)
-    if not {"kind", "specdraft_version"} & man.keys():
+    if not {"kind", "specdraft_version", "extraction_id"} & man.keys():
         read_state(path, fix, ("kind", "extraction_id"))
     return man
 

