@@ -80,6 +80,8 @@ def test_evaluate_vllm_interleaves_the_engines(tmp_path, monkeypatch, tiny_llama
         def __exit__(self, *exc):
             return False
 
+        repairs: list = []  # nothing repaired in the engine's kernels
+
         def speculative_settings(self):  # what the engine read back: a chain of k, vLLM's defaults, V1 runner
             return {"method": "eagle3", "num_speculative_tokens": 3, "draft_sample_method": "greedy",
                     "rejection_sample_method": "standard", "model_runner": "v1"}  # fmt: skip

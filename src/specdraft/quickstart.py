@@ -432,7 +432,7 @@ def _serve(out: Path, export_dir: Path, b: Budget, temperature: float = 0.0, top
             "lossless": d["lossless"]["ok"], "lines": summary_lines(rep),
             "temperature": rep["settings"].get("temperature", 0.0), "top_p": rep["settings"].get("top_p", 1.0),
             "draft_sample": rep["settings"].get("draft_sample", "greedy"),
-            "distribution": _kept(d.get("distribution"))}  # fmt: skip
+            "distribution": _kept(d.get("distribution")), "repairs": d.get("engine_repairs", [])}  # fmt: skip
 
 
 def _kept(check: dict | None) -> dict | None:
@@ -497,11 +497,10 @@ def _served_rows(sv: dict, at: str) -> list[tuple[str, str]]:
     rows = []
     if sv.get("distribution"):
         c = sv["distribution"]
-        verdict = (
-            "kept" if c["kept"] else "NOT KEPT by this vLLM (docs/experiments.md: its tau here means nothing)"
-        )
+        verdict = "kept" if c["kept"] else "NOT KEPT by this vLLM (its tau here means nothing: docs/eval.md)"
         rows.append((f"vLLM{at} distribution", f"{verdict}: {c['tests']} chi-square tests of {c['samples_per_side']} "
                      f"samples a side, smallest p {c['smallest_p'] or 1:.2g}, false alarms <= {c['alpha']:.0%}"))  # fmt: skip
+    rows += [(f"vLLM{at} repaired", note) for note in sv.get("repairs", [])]  # engine/vllm_kernels.py
     return rows + [
         (f"vLLM{at} tau", f"{sv['tau']:.3f} over {sv['prompts']} MT-bench first turns, {how}"),
         (f"vLLM{at} batched", f"x{sv['speedup'] or 0:.2f}: {sv['tokens_per_s']:.1f} tok/s with the draft vs {sv['baseline_tokens_per_s']:.1f} alone"),

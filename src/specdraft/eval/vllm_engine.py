@@ -4,8 +4,9 @@
 eager mode, decodes greedily or samples (temperature, top-p, a seed per request), and reads what vLLM
 counted (``disable_log_stats=False``): the spec-decode counters (:data:`specdraft.eval.stats.COUNTER_NAMES`, as
 differences of snapshots taken around a generation) and, when the installed vLLM has it (``per_request_spec_decode_metrics="detailed"``), the
-accepted count of every round of every prompt. With ``capture_drafter=True`` it also hooks the draft vLLM
-loaded (:mod:`specdraft.eval.vllm_worker`) for the parity check. Every vLLM symbol goes through
+accepted count of every round of every prompt. With a draft it builds eval's worker extension
+(:mod:`specdraft.eval.vllm_worker`): hooks on the draft vLLM loaded for the parity check, and a self-test of the
+sampling kernel (:mod:`specdraft.engine.vllm_kernels`), repaired when wrong and said once (``repairs``). Every vLLM symbol goes through
 :mod:`specdraft.engine.contract`.
 """
 
@@ -112,8 +113,6 @@ class VLLMEngine:
         max_model_len: longest prompt + generation the engine accepts.
         max_num_seqs: sequences decoded together.
         seed: engine seed.
-        capture_drafter: build with eval's worker extension so :meth:`start_drafter_capture` can hook
-            the loaded draft (parity checks).
         in_process: vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
         kv_cache_memory_bytes: KV cache size; 1 GiB when no GPU is present.
         trust_remote_code: allow the target's custom code.
@@ -135,7 +134,6 @@ class VLLMEngine:
         max_model_len: int = 2048,
         max_num_seqs: int = 16,
         seed: int = 0,
-        capture_drafter: bool = False,
         in_process: bool = True,
         kv_cache_memory_bytes: int | None = None,
         trust_remote_code: bool = False,
@@ -144,10 +142,6 @@ class VLLMEngine:
         draft_sample: str = "greedy",
         verify: str = "standard",
     ):
-        if capture_drafter and not draft_dir:
-            raise ValueError(
-                "capture_drafter=True needs a draft_dir: there is no drafter to hook without one"
-            )
         if k < 1:
             raise ValueError(f"k must be >= 1, not {k}")
         if kv_cache_memory_bytes is None and not torch.cuda.is_available():
@@ -188,7 +182,7 @@ class VLLMEngine:
             draft_dir
         ):  # the sampling methods: written only when asked, so a release without them serves the rest
             kw["speculative_config"].update(sampling_methods(draft_sample, verify))
-        if capture_drafter:
+        if draft_dir:  # eval's worker extension: the drafter hooks, the sampling kernel's self-test
             vllm_rpc.ensure_importable_in_workers()
             kw["worker_extension_cls"] = EXTENSION_PATH
         vllm_rpc.engine_environment(int((engine_kwargs or {}).get("tensor_parallel_size", 1)))
@@ -200,6 +194,10 @@ class VLLMEngine:
         with _environment(in_process):
             self.llm, self._guard = lifetime.build_guarded(lambda: self._build(kw, engine_kwargs))
         self.load_seconds = time.perf_counter() - t0
+        #: what specdraft repaired in the engine's kernels before any request (engine/vllm_kernels.py), said once
+        self.repairs = sorted({n for n in self._rpc("specdraft_sampling_repair") if n}) if draft_dir else []
+        for note in self.repairs:
+            print(f"note: {note}", flush=True)
 
     def _build(self, kw: dict[str, Any], user: dict[str, Any] | None) -> Any:
         if self.draft_dir:
@@ -315,7 +313,7 @@ class VLLMEngine:
         return vllm_rpc.collective_rpc(self.llm, method, *args)
 
     def start_drafter_capture(self, max_events: int = 4096) -> None:
-        """Hook vLLM's loaded draft inside the worker (needs ``capture_drafter=True``)."""
+        """Hook vLLM's loaded draft inside the worker (an engine with a draft)."""
         self._rpc("specdraft_drafter_setup", max_events)
 
     def pop_drafter_capture(self) -> dict[str, Any]:

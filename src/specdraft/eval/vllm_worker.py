@@ -1,6 +1,6 @@
 """Inside vLLM's worker: record every call vLLM makes to the EAGLE-3 draft it loaded (eval's parity check).
 
-The serving engine (:class:`specdraft.eval.vllm_engine.VLLMEngine` with ``capture_drafter=True``) is built
+The serving engine (:class:`specdraft.eval.vllm_engine.VLLMEngine` with a draft) is built
 with ``worker_extension_cls=`` :data:`EXTENSION_PATH`; vLLM mixes :class:`DrafterWorkerExtension` into each
 worker and the driver calls its ``specdraft_drafter_*`` methods through ``collective_rpc``
 (:mod:`specdraft.engine.vllm_rpc`). The hooks sit on vLLM's loaded draft, reached through private
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from specdraft.engine import contract as engines
-from specdraft.engine import vllm_rpc
+from specdraft.engine import vllm_kernels, vllm_rpc
 
 EXTENSION_PATH = "specdraft.eval.vllm_worker.DrafterWorkerExtension"
 _STATE = "_specdraft_drafter_state"
@@ -151,3 +151,7 @@ class DrafterWorkerExtension:
     def specdraft_drafter_remove(self) -> None:
         """Remove the drafter hooks."""
         vllm_rpc.drop_recorder(self, _STATE)
+
+    def specdraft_sampling_repair(self) -> str | None:
+        """Self-test (and repair) the kernel that spreads the temperature over drafted tokens, in this worker."""
+        return vllm_kernels.check_and_repair("cuda" if torch.cuda.is_available() else "cpu")
