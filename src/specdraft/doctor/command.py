@@ -2,25 +2,20 @@
 
 What is checked:
 
-* **The engine contract** (:mod:`specdraft.engine.contract`): every declared call is bound against the installed
-  signature with ``inspect.signature(...).bind`` (positional count, keyword names, required
-  parameters we do not pass). Class signatures come from whatever builds ``__init__``: an explicit or
-  inherited ``__init__``, ``dataclasses``, pydantic dataclasses, decorators marked with
-  ``dataclass_transform`` (vLLM's ``@config``), ``InitVar`` fields, msgspec structs, ``TypedDict``.
-  Each break names the symbol, the installed signature, its ``file:line`` and what we pass.
-  Keywords a callable forwards through ``**kwargs`` (``LLM`` -> ``EngineArgs``) are checked against
-  the receiving signature. Attributes we read on engine objects are looked up in the class source.
-* **Implicit contracts**: the ``worker_extension_cls`` dotted path imports, the methods sent through
-  ``collective_rpc`` exist on it and do not clash with vLLM's worker classes, the worker methods and
-  attributes it uses exist, and the target architecture's vLLM model class has the attributes the
-  hooks need (``model``, ``model.layers``, ``model.norm``).
-* **Can vLLM serve an EAGLE-3 draft for the target?** Its model class must implement
-  ``SupportsEagle3`` (it then returns the auxiliary hidden states the draft reads). Yes is reported as
-  info; no is a warning naming the class and what to do (serve with SGLang, a vLLM version whose
-  class implements it, or -- for a multimodal wrapper -- the text backbone alone).
-  :func:`eagle3_support` gives the answer to other commands (``export`` warns with it).
-* **CUDA-only calls**: ``torch.cuda.*`` calls not guarded by an ``if`` in the body of a contract entry
-  that runs on CPU machines are breaks on a machine without a GPU.
+* **The engine contract** (:mod:`specdraft.engine.contract`, bound by :mod:`specdraft.doctor.check`): every
+  declared call bound against the installed signature with ``inspect.signature(...).bind`` (positional
+  count, keyword names, required parameters we do not pass), class signatures from whatever builds
+  ``__init__`` (dataclasses, pydantic, ``dataclass_transform``, msgspec, ``TypedDict``), keywords forwarded
+  through ``**kwargs`` (``LLM`` -> ``EngineArgs``), attributes we read; each break names the symbol, the
+  installed signature, its ``file:line`` and what we pass.
+* **Implicit contracts**: the ``worker_extension_cls`` path and its ``collective_rpc`` methods (existing, no
+  clash with vLLM's worker classes), the worker methods and attributes it uses, the attributes the hooks need
+  on the target architecture's vLLM model class (``model``, ``model.layers``, ``model.norm``).
+* **Can vLLM serve an EAGLE-3 draft for the target?** Its model class must implement ``SupportsEagle3``:
+  yes is info, no a warning naming the class and what to do (SGLang, another vLLM version, or a multimodal
+  wrapper's text backbone alone). :func:`eagle3_support` gives the answer to other commands (``export``).
+* **CUDA-only calls**: ``torch.cuda.*`` calls not guarded by an ``if`` in a contract entry that runs on CPU
+  machines are breaks on a machine without a GPU.
 * **Environment**: torch / transformers / vLLM versions, devices and free memory (CPU always, GPU
   only when ``torch.cuda.is_available()``), free disk against the planned output size.
 * **Target config** (``config.json`` through ``AutoConfig``, no weights; a ``.gguf`` file not converted yet
@@ -30,21 +25,18 @@ What is checked:
   ``--chat-template``), a vision/multimodal config (``vision_config``, or an architecture vLLM registers as
   multimodal) without ``preprocessor_config.json`` (vLLM's serving loads it).
 
-``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that
-version's signatures statically with :mod:`ast` -- no import, no install, no GPU -- and reports which
-contract entries would break. ``--against sglang==X`` checks what that SGLang reads of our eagle3
-export (:mod:`specdraft.doctor.formats.against`).
+``--against vllm==X`` (or a path to a wheel, an unpacked wheel or a source tree) reads that version's
+signatures statically with :mod:`ast` (:mod:`specdraft.doctor.source.reader`: no import, no install, no GPU)
+and reports which contract entries would break; ``--against sglang==X`` checks what that SGLang reads of our
+eagle3 export (:mod:`specdraft.doctor.formats.against`).
 
-Binding against the installed engine means importing it (10-15 s for vLLM on 2 cores, nearly all
-in ``vllm/__init__`` and ``vllm.config``, which every declared symbol needs); the result is kept
-under ``~/.cache/specdraft/doctor`` and reused while a fingerprint of everything it depends on is
-unchanged (``cache=False`` / ``--no-cache`` binds again). The code: :mod:`specdraft.doctor.source.reader` (the
-``ast`` reader), :mod:`specdraft.doctor.check` (binding and the implicit contracts), this module
-(report, ``--against``, environment, target, cache, entry points).
+Binding against the installed engine means importing it (10-15 s for vLLM on 2 cores); the result is kept
+under ``~/.cache/specdraft/doctor`` and reused while a fingerprint of everything it depends on is unchanged
+(``--no-cache`` binds again). This module: the report, ``--against``, environment, target, cache, entry points.
 
-Out of static reach: a changed RETURN SHAPE (e.g. ``collective_rpc(unique_reply_rank=...)`` returning
-one reply instead of a list). Contract entries declare what they expect back in ``Entry.returns``;
-doctor lists these as runtime-checked and the backends verify them on every call.
+Out of static reach: a changed RETURN SHAPE (``collective_rpc(unique_reply_rank=...)`` returning one reply
+instead of a list): contract entries declare it in ``Entry.returns``, doctor lists these as runtime-checked
+and the backends verify them on every call.
 """
 
 from __future__ import annotations
@@ -68,6 +60,7 @@ from typing import Any
 from specdraft.doctor.check import Findings, Problem, check_contract, installed_root, shorten
 from specdraft.doctor.formats.against import check_format_engine, format_engine_for
 from specdraft.doctor.formats.check import check_export_dir, check_formats
+from specdraft.doctor.formats.reads import registered_keys
 from specdraft.doctor.refusals import env
 from specdraft.doctor.refusals.check import refusal_problems
 from specdraft.doctor.release.wheel import cache_dir, locate, requirement_problems
@@ -121,21 +114,12 @@ class Report(Findings):
             shown.add(key)
             check = f"{p.check} [{p.release}]" if p.release else p.check
             lines.append(f"[{p.severity.upper()}] {check}: {p.subject}: {p.message}")
-            if p.symbol:
-                lines.append(f"    symbol:    {p.symbol}")
-            if p.installed:
-                lines.append(f"    {(p.release or 'installed') + ':':<11}{shorten(p.installed, 400)}")
-            if p.location:
-                lines.append(f"    at:        {p.location}")
-            if p.passed:
-                lines.append(f"    we pass:   {p.passed}")
-            if p.fix:
-                lines.append(f"    fix:       {p.fix}")
+            for label, value in (("symbol", p.symbol), (p.release or "installed", shorten(p.installed, 400)),
+                                 ("at", p.location), ("we pass", p.passed), ("fix", p.fix)):  # fmt: skip
+                lines += [f"    {label + ':':<11}{value}"] if value else []
         if self.runtime_checked:  # each once: the installed engine and --against's release name the same ones
-            lines.append(
-                "checked at run time only (return shapes and call conventions are out of static reach):"
-            )
-            lines.extend(f"  - {r}" for r in dict.fromkeys(self.runtime_checked))
+            head = "checked at run time only (return shapes and call conventions are out of static reach):"
+            lines += [head, *(f"  - {r}" for r in dict.fromkeys(self.runtime_checked))]
         if hidden:
             lines.append(
                 f"{len(hidden)} new refusal(s) on paths none of our values is known to take (behind a test on "
@@ -218,11 +202,8 @@ def _cpu_memory() -> tuple[int, int]:
         vm = psutil.virtual_memory()
         return int(vm.total), int(vm.available)
     except ImportError:
-        info = {}
         with open("/proc/meminfo") as f:
-            for line in f:
-                k, v = line.split(":", 1)
-                info[k] = int(v.split()[0]) * 1024
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
         return info.get("MemTotal", 0), info.get("MemAvailable", 0)
 
 
@@ -281,15 +262,9 @@ def _target_dir(target: str, report: Report) -> Path | None:
         report.problems.append(Problem("target", target, str(exc)))
         return None
     if d is None:
-        report.problems.append(
-            Problem(
-                "target",
-                target,
-                "the embedded default is not converted yet; its config is checked after the first conversion",
-                "warning",
-                fix="run any command that loads the target once (e.g. specdraft extract)",
-            )
-        )
+        report.problems.append(Problem("target", target, "the embedded default is not converted yet; its config "
+                                       "is checked after the first conversion", "warning", fix="run any command "
+                                       "that loads the target once (e.g. specdraft extract)"))  # fmt: skip
     return d
 
 
@@ -311,29 +286,19 @@ def _check_gguf_target(
         f"{g['num_hidden_layers']} layers, hidden {g['hidden_size']}, vocab {g['vocab_size']})"
     )
     if not archs:
-        report.problems.append(
-            Problem(
-                "target",
-                target,
-                f"GGUF architecture {g['model_type']!r} has no transformers causal-LM class: it cannot be converted",
-                fix="pass the model's Hugging Face directory instead",
-            )
-        )
+        report.problems.append(Problem("target", target, f"GGUF architecture {g['model_type']!r} has no transformers "
+                                       "causal-LM class: it cannot be converted",
+                                       fix="pass the model's Hugging Face directory instead"))  # fmt: skip
     _check_sizes(target, report, g["num_hidden_layers"], g["vocab_size"], aux_layer_ids, draft_vocab_size)
     return archs
 
 
-def _check_sizes(
-    target: str,
-    report: Report,
-    n_layers: int | None,
-    vocab: int | None,
-    aux_layer_ids: Sequence[int] | None,
-    draft_vocab_size: int | None,
-) -> None:
+def _check_sizes(target: str, report: Report, n_layers: int | None, vocab: int | None,
+                 aux_layer_ids: Sequence[int] | None, draft_vocab_size: int | None) -> None:  # fmt: skip
     """The aux layer ids against the target's depth, the draft vocabulary against the target's."""
+    problem = functools.partial(Problem, "target", target)
     if n_layers is None:
-        report.problems.append(Problem("target", target, "config has no num_hidden_layers"))
+        report.problems.append(problem("config has no num_hidden_layers"))
     else:
         ids = list(aux_layer_ids) if aux_layer_ids is not None else None
         fix = (
@@ -347,28 +312,21 @@ def _check_sizes(
             except ImportError:
                 ids = [2, n_layers // 2, n_layers - 3]
             except ValueError as exc:
-                report.problems.append(Problem("target", target, str(exc), fix=fix))
+                report.problems.append(problem(str(exc), fix=fix))
                 ids = []
         bad = [i for i in ids if not 0 <= i < n_layers]
         if bad:
-            report.problems.append(
-                Problem(
-                    "target",
-                    target,
-                    f"aux layer ids {bad} out of range [0, {n_layers - 1}] for a {n_layers}-layer target",
-                    fix=f"pick ids in [0, {n_layers - 1}] (id {n_layers} is the final capture)",
-                )
-            )
+            report.problems.append(problem(f"aux layer ids {bad} out of range [0, {n_layers - 1}] for a "
+                                           f"{n_layers}-layer target", fix=f"pick ids in [0, {n_layers - 1}] "
+                                           f"(id {n_layers} is the final capture)"))  # fmt: skip
         elif ids and len(set(ids)) != 3:
             report.problems.append(
-                Problem(
-                    "target", target, f"aux layer ids {ids} are not 3 distinct ids (EAGLE-3 fuses 3)", fix=fix
-                )
+                problem(f"aux layer ids {ids} are not 3 distinct ids (EAGLE-3 fuses 3)", fix=fix)
             )
         report.info["aux_layer_ids"] = ids
     if draft_vocab_size is not None and vocab is not None and draft_vocab_size > vocab:
-        report.problems.append(Problem("target", target, f"draft vocab {draft_vocab_size} > target vocab {vocab}",
-                               fix=f"use --draft-vocab-size <= {vocab}"))  # fmt: skip
+        report.problems.append(problem(f"draft vocab {draft_vocab_size} > target vocab {vocab}",
+                                       fix=f"use --draft-vocab-size <= {vocab}"))  # fmt: skip
 
 
 def _check_target(
@@ -403,13 +361,10 @@ def _check_target(
         report.problems.append(Problem("target", target, f"AutoConfig cannot read the config: {exc}"))
         return list(raw.get("architectures") or [])
     text = getattr(cfg, "text_config", None)
-    if text is not None and text is not cfg:
-        report.problems.append(
-            Problem("target", target, "multimodal wrapper: the text backbone's config is used", "info")
-        )
-        cfg_text = text
-    else:
-        cfg_text = cfg
+    cfg_text = cfg if text is None else text
+    if cfg_text is not cfg:
+        wrapper = "multimodal wrapper: the text backbone's config is used"
+        report.problems.append(Problem("target", target, wrapper, "info"))
     n_layers = getattr(cfg_text, "num_hidden_layers", None)
     vocab = getattr(cfg_text, "vocab_size", None) or getattr(cfg, "vocab_size", None)
     report.info["target"] = (
@@ -432,41 +387,24 @@ def _check_chat_template(target: str, d: Path, report: Report, trust_remote_code
 
         tok = load_tokenizer(str(d), trust_remote_code=trust_remote_code)
     except Exception as exc:  # any loader failure is a finding, and doctor must go on
-        report.problems.append(
-            Problem("tokenizer", target, f"the tokenizer cannot be loaded: {exc}", "warning")
-        )
+        why = f"the tokenizer cannot be loaded: {exc}"
+        report.problems.append(Problem("tokenizer", target, why, "warning"))
         return
     if not has_chat_template(tok):
-        report.problems.append(
-            Problem(
-                "tokenizer",
-                target,
-                "the tokenizer has no chat template (a base model?): prepare, regenerate and eval cannot render "
-                "conversations and refuse to start",
-                "warning",
-                fix=f"{CHAT_TEMPLATE_FIX} (prepare --text trains on raw documents without one)",
-            )
-        )
+        report.problems.append(Problem("tokenizer", target, "the tokenizer has no chat template (a base model?): "
+                                       "prepare, regenerate and eval cannot render conversations and refuse to "
+                                       "start", "warning", fix=f"{CHAT_TEMPLATE_FIX} (prepare --text trains on raw "
+                                       "documents without one)"))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)
 def _vllm_multimodal_architectures() -> frozenset[str]:
     """The architectures the installed vLLM registers as multimodal (its `_MULTIMODAL_MODELS`, read with `ast`,
     nothing imported); empty when vLLM is not installed."""
-    import ast
-
     root = installed_root("vllm")
     model = engines.VLLM_CONTRACT.model
     parsed = SourceTree(root).parse(model.registry) if root is not None and model is not None else None
-    for s in parsed.body if parsed else []:
-        if not isinstance(s, (ast.Assign, ast.AnnAssign)):
-            continue
-        names = [
-            t.id for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)
-        ]
-        if "_MULTIMODAL_MODELS" in names and isinstance(s.value, ast.Dict):
-            return frozenset(k.value for k in s.value.keys if isinstance(k, ast.Constant))
-    return frozenset()
+    return frozenset((registered_keys(parsed, "_MULTIMODAL_MODELS") if parsed else None) or ())
 
 
 def _check_processor_config(target: str, d: Path, raw: dict, report: Report) -> None:
@@ -483,25 +421,19 @@ def _check_processor_config(target: str, d: Path, raw: dict, report: Report) -> 
     except (OSError, ValueError, TypeError):
         pass
     why = "a vision_config" if "vision_config" in raw else f"{mm[0]} (multimodal in vLLM)"
-    report.problems.append(
-        Problem(
-            "processor",
-            target,
-            f"config.json declares {why} but {d} has no preprocessor_config.json: vLLM loads the model's "
-            "processor when it serves it, so `eval --engine vllm` and serving fail at startup",
-            "warning",
-            fix=f"copy preprocessor_config.json (and the processor's other files) from the model's repository into {d}",
-        )
-    )
+    report.problems.append(Problem("processor", target, f"config.json declares {why} but {d} has no "
+                                   "preprocessor_config.json: vLLM loads the model's processor when it serves it, "
+                                   "so `eval --engine vllm` and serving fail at startup", "warning",
+                                   fix="copy preprocessor_config.json (and the processor's other files) from the "
+                                   f"model's repository into {d}"))  # fmt: skip
 
 
 def _export_aux_ids(export: str) -> list[int] | None:
     """The aux layer ids an export's draft reads (`eagle_aux_hidden_state_layer_ids`, top level in both
     formats, specdraft's convention), or None when its config.json cannot be read."""
     try:
-        ids = _json.loads((Path(export).expanduser() / "config.json").read_text())[
-            "eagle_aux_hidden_state_layer_ids"
-        ]
+        config = _json.loads((Path(export).expanduser() / "config.json").read_text())
+        ids = config["eagle_aux_hidden_state_layer_ids"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return [int(i) for i in ids] if isinstance(ids, list) and ids else None
@@ -519,14 +451,9 @@ def _aux_ids_to_check(
         report.info["aux_layer_ids_from"] = f"the export's config.json ({export})"
         return from_export
     if sorted(aux_layer_ids) != sorted(from_export):
-        report.problems.append(
-            Problem(
-                "target",
-                str(export),
-                f"--layers {list(aux_layer_ids)} differ from the aux layer ids {from_export} the export's draft reads",
-                fix="drop --layers (doctor reads the export's ids), or point --export at the export you mean",
-            )
-        )
+        report.problems.append(Problem("target", str(export), f"--layers {list(aux_layer_ids)} differ from the aux "
+                                       f"layer ids {from_export} the export's draft reads", fix="drop --layers "
+                                       "(doctor reads the export's ids), or point --export at the export you mean"))  # fmt: skip
     return aux_layer_ids
 
 
@@ -558,15 +485,11 @@ def content(obj: Any) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {
-            "@": type(obj).__qualname__,
-            **{f.name: content(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
-        }
+        fields = {f.name: content(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {"@": type(obj).__qualname__, **fields}
     if isinstance(obj, Mapping):
-        return [
-            [content(k), content(v)]
-            for k, v in sorted(obj.items(), key=lambda kv: _json.dumps(content(kv[0])))
-        ]
+        items = sorted(obj.items(), key=lambda kv: _json.dumps(content(kv[0])))
+        return [[content(k), content(v)] for k, v in items]
     if isinstance(obj, (list, tuple)):
         return [content(v) for v in obj]
     if isinstance(obj, (set, frozenset)):
@@ -577,13 +500,9 @@ def content(obj: Any) -> Any:
         except (OSError, TypeError):
             code = getattr(obj, "__code__", None)
             text = repr((code.co_code, code.co_consts)) if code is not None else ""
-        return {
-            "@": getattr(obj, "__qualname__", type(obj).__qualname__),
-            "sha256": hashlib.sha256(text.encode()).hexdigest(),
-        }
-    return re.sub(
-        r" at 0x[0-9a-fA-F]+", "", repr(obj)
-    )  # an object of another kind: its repr, less any address
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return {"@": getattr(obj, "__qualname__", type(obj).__qualname__), "sha256": digest}
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))  # another kind of object: its repr, less any address
 
 
 def _contract_fingerprint(contract: Contract, device: str, architectures: Sequence[str]) -> str | None:
@@ -638,13 +557,17 @@ def _refusals(c: Contract, root: Path, export: str | None, against: str, cache: 
         pass  # none yet, or unreadable: read the releases again
     env.READ.clear()
     problems = refusal_problems(c, root, installed, export, release=against)
-    data = {"environ": {k: os.environ.get(k) for k in env.READ}, "problems": [asdict(p) for p in problems]}
+    _cache_write(path, problems, environ={k: os.environ.get(k) for k in env.READ})
+    return problems
+
+
+def _cache_write(path: Path, problems: list[Problem], **data: Any) -> None:
+    """Keep ``problems`` and ``data`` at ``path`` for a later run (a read-only cache only costs time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, _json.dumps(data))
+        atomic_write_text(path, _json.dumps({**data, "problems": [asdict(p) for p in problems]}))
     except OSError:
-        pass  # a read-only cache only costs time
-    return problems
+        pass
 
 
 def _check_installed(
@@ -669,16 +592,7 @@ def _check_installed(
     if root is not None and (root / contract.engine).is_dir():
         problems += _source_problems(contract, root, None)
     if path is not None:
-        data = {
-            "bound_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "problems": [asdict(p) for p in problems],
-            "runtime": runtime,
-        }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, _json.dumps(data))
-        except OSError:
-            pass  # a read-only cache only costs time
+        _cache_write(path, problems, bound_at=time.strftime("%Y-%m-%d %H:%M:%S"), runtime=runtime)
     return problems, runtime
 
 
@@ -742,9 +656,8 @@ def run_doctor(
             report.runtime_checked.extend(rt)
             root = installed_root(c.engine)
             if export and c.formats and root is not None and (root / c.engine).is_dir():
-                tree = SourceTree(root)
                 registry = c.model.registry if c.model is not None else ""
-                probs += check_export_dir(c.formats, tree, export, registry=registry)
+                probs += check_export_dir(c.formats, SourceTree(root), export, registry=registry)
             if against:  # beside a release's findings, each of these says it is the installed engine's
                 label = f"installed {c.engine} {engines.installed_version(c.engine) or ''}".rstrip()
                 for p in probs:

@@ -20,23 +20,16 @@ __all__ = ["check_usage", "convention_lines"]
 
 def _strings(tree: SourceTree, modules: Sequence[str]) -> tuple[set[str], list[str]]:
     """String constants of ``modules`` (all parsed), and the modules not found."""
-    out: set[str] = set()
-    missing = []
-    for m in modules:
-        parsed = tree.parse(m)
-        if parsed is None:
-            missing.append(m)
-            continue
-        out |= {n.value for n in ast.walk(parsed) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    return out, missing
+    parsed = [(m, tree.parse(m)) for m in modules]
+    nodes = [n for _, p in parsed if p is not None for n in ast.walk(p)]
+    strings = {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return strings, [m for m, p in parsed if p is None]
 
 
 def _names(contract, tree: SourceTree) -> list[Problem]:
     """Metric names and environment variables that the engine's declared modules do not define."""
-    declared = {
-        "metric": contract.metrics,
-        "env var": [v for v in contract.env_vars if v.startswith("VLLM_")],
-    }
+    env_vars = [v for v in contract.env_vars if v.startswith("VLLM_")]
+    declared = {"metric": contract.metrics, "env var": env_vars}
     problems = []
     for kind, modules in contract.name_sources:
         strings, missing = _strings(tree, modules)

@@ -9,16 +9,10 @@ in ``--export DIR`` -- with :mod:`specdraft.doctor.formats.check`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from specdraft.doctor.check import Problem
-from specdraft.doctor.formats.check import (
-    check_export_dir,
-    check_formats,
-    detect_format,
-    unchecked_layout,
-)
+from specdraft.doctor.formats.check import check_export_dir, check_formats, detect_format, unchecked_layout
 from specdraft.doctor.release.wheel import Downloader, canon, locate, requirement_problems
 from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import FORMAT_ENGINES, UNCHECKED_LAYOUTS, FormatEngine
@@ -26,15 +20,14 @@ from specdraft.engine.formats import FORMAT_ENGINES, UNCHECKED_LAYOUTS, FormatEn
 __all__ = ["check_format_engine", "format_engine_for"]
 
 
-def format_engine_for(against: str, table: Mapping[str, FormatEngine] | None = None) -> FormatEngine | None:
+def format_engine_for(against: str) -> FormatEngine | None:
     """The contract-less engine ``against`` names (``sglang==X``, its wheel, or a tree holding ``sglang/``)."""
-    table = FORMAT_ENGINES if table is None else table
     path = Path(against).expanduser()
     if "==" in against and not path.exists():
-        return table.get(canon(against.split("==", 1)[0].strip()))
+        return FORMAT_ENGINES.get(canon(against.split("==", 1)[0].strip()))
     if path.is_file() and path.suffix == ".whl":
-        return table.get(canon(path.name.split("-", 1)[0]))
-    for fe in table.values():
+        return FORMAT_ENGINES.get(canon(path.name.split("-", 1)[0]))
+    for fe in FORMAT_ENGINES.values():
         if any((root / fe.engine / "__init__.py").is_file() for root in (path, path / "src", path.parent)):
             return fe
     return None

@@ -25,6 +25,7 @@ their ``if config.k != 1: raise`` constraints apply to the model config's values
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -40,9 +41,12 @@ from specdraft.doctor.formats.model import (
     weight_problems,
 )
 from specdraft.doctor.formats.reads import (
+    _MISSING,
     ITEM,
     Follow,
     KeyRead,
+    _lookup,
+    _split,
     config_reads,
     config_writes,
     registered_function,
@@ -52,27 +56,6 @@ from specdraft.doctor.source.reader import SourceTree
 from specdraft.engine.formats import UNCHECKED_LAYOUTS, ConfigReader, ExportFormat
 
 __all__ = ["check_export_dir", "check_formats", "detect_format", "unchecked_layout"]
-
-_MISSING = object()
-
-
-def _lookup(config: Any, path: Sequence[str]) -> Any:
-    """The value at ``path`` in a nested config (``[]``: the first list element); ``_MISSING`` when absent."""
-    cur = config
-    for part in path:
-        if part == ITEM:
-            if not isinstance(cur, list) or not cur:
-                return _MISSING
-            cur = cur[0]
-        elif isinstance(cur, Mapping) and part in cur:
-            cur = cur[part]
-        else:
-            return _MISSING
-    return cur
-
-
-def _split(dotted: str) -> tuple[str, ...]:
-    return tuple(p for p in dotted.split(".") if p)
 
 
 def _shown(path: Sequence[str]) -> str:
@@ -112,19 +95,14 @@ def _reader_nodes(
                 return found
         return found
     module = r.symbol.split(":", 1)[0]
-    if r.registered_by:
+    if r.registered_by or ":" not in r.symbol:  # the function a key registers, or a whole module
         parsed = tree.parse(module)
-        key = _lookup(config, _split(r.registered_by))
         if parsed is None:
             return [], module, f"module {module} not found under {tree.root}"
-        fn = registered_function(parsed, str(key))
-        if fn is None:
-            return [], module, f"{module} registers no reader for {r.registered_by}={key!r}"
-        return [fn], module, ""
-    if ":" not in r.symbol:
-        parsed = tree.parse(module)
-        why = "" if parsed is not None else f"module {module} not found under {tree.root}"
-        return ([parsed] if parsed is not None else []), module, why
+        key = _lookup(config, _split(r.registered_by)) if r.registered_by else None
+        fn = registered_function(parsed, str(key)) if r.registered_by else parsed
+        why = f"{module} registers no reader for {r.registered_by}={key!r}" if fn is None else ""
+        return ([fn] if fn is not None else []), module, why
     found, why = tree.resolve(r.symbol)
     if found is None or found.kind not in ("function", "class"):
         return [], module, why or f"{r.symbol} is not a function"
@@ -133,14 +111,7 @@ def _reader_nodes(
 
 def _follower(tree: SourceTree) -> Follow:
     """Finds, for the static reader, the function a module calls by name (see :data:`reads.Follow`)."""
-    seen: dict[tuple[str, str], tuple[ast.FunctionDef, str] | None] = {}
-
-    def follow(module: str, name: str) -> tuple[ast.FunctionDef, str] | None:
-        if (module, name) not in seen:
-            seen[module, name] = _called_function(tree, module, name)
-        return seen[module, name]
-
-    return follow
+    return functools.cache(lambda module, name: _called_function(tree, module, name))
 
 
 def _called_function(tree: SourceTree, module: str, name: str) -> tuple[ast.FunctionDef, str] | None:
@@ -217,16 +188,9 @@ def _check_one(
 ) -> list[Problem]:
     """``sample``: ``config`` is the declared sample (an optional format's missing readers are then warnings)."""
     subject = f"{fmt.name} export"
-    problems = [
-        Problem(
-            "format",
-            subject,
-            f"{where} writes `{k}`: {fmt.engine} would not read it as a {fmt.name} export",
-            fix=f"drop `{k}` from the export's config.json",
-        )  # fmt: skip
-        for k in fmt.absent
-        if k in config
-    ]
+    problems = [Problem("format", subject, f"{where} writes `{k}`: {fmt.engine} would not read it as a "
+                        f"{fmt.name} export", fix=f"drop `{k}` from the export's config.json")
+                for k in fmt.absent if k in config]  # fmt: skip
     reads: list[tuple[ConfigReader, KeyRead, tuple[str, ...], str]] = []
     writes: set[str] = set()
     follow = _follower(tree)
@@ -242,13 +206,10 @@ def _check_one(
                                     fix="find where this version reads the config and update "
                                     "specdraft/engine/formats.py"))  # fmt: skip
             continue
-        for n in nodes:
-            if r.writes:
-                writes |= config_writes(n, r.writes)
+        writes |= {k for n in nodes if r.writes for k in config_writes(n, r.writes)}
         found = config_reads(nodes, r.roots, _tables(tree, module), r.model, follow, module, r.follow)
         path = tree.module_path(module)
-        for kr in found:
-            reads.append((r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}"))
+        reads += [(r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}") for kr in found]
     problems += _refusals(subject, where, config, reads, fmt.model_scope, fmt.writer)
     defaulted = _engine_defaults(fmt, tree, subject, where, config, target_layers)
     problems += defaulted
@@ -309,9 +270,8 @@ def _engine_defaults(
     function is gone or returns another value than specdraft's readers assume."""
     out = []
     for dotted, d in fmt.engine_defaults.items():
-        if _lookup(config, _split(dotted)) is not _MISSING or any(
-            _lookup(config, _split(k)) not in (_MISSING, None, []) for k in d.read_first
-        ):
+        first = [v for k in d.read_first if (v := _lookup(config, _split(k))) not in (_MISSING, None, [])]
+        if _lookup(config, _split(dotted)) is not _MISSING or first:
             continue
         symbol, returns, loc, why = _default_returns(tree, d.symbol)
         if returns is None:
@@ -330,9 +290,8 @@ def _engine_defaults(
                                "with), or pin a version with that default"))  # fmt: skip
             continue
         ids = d.value(target_layers) if d.value and target_layers else None
-        value = (
-            f"{ids} for the target's {target_layers} layers" if ids else "computed from the target's layers"
-        )
+        value = f"{ids} for the target's {target_layers} layers" if ids else ""
+        value = value or "computed from the target's layers"
         out.append(Problem("format", subject, f"{where} lacks `{dotted}`: {fmt.engine} uses {d.meaning} "
                            f"({symbol} returns {returns}: {value}), as eval and train --init-from do; the "
                            "draft records nothing to confirm it was trained on those layers", "warning",

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.doctor.check import Problem
-from specdraft.doctor.source.reader import Found, SourceTree, attribute_class
+from specdraft.doctor.formats.reads import _lookup, _split
+from specdraft.doctor.source.reader import Found, SourceTree, attribute_class, self_stores
 from specdraft.engine.formats import CpuKernels, ExportFormat, LayerIds
 
 __all__ = ["cpu_kernel_notes", "entry_classes", "layer_id_problems", "safetensors_names", "weight_problems"]
@@ -52,18 +53,6 @@ def entry_classes(tree: SourceTree, package: str) -> dict[str, str]:
     return out
 
 
-def _self_attrs(cls: ast.ClassDef) -> set[str]:
-    """Attributes a class body assigns on ``self`` (its modules and parameters, among others)."""
-    return {
-        n.attr
-        for n in ast.walk(cls)
-        if isinstance(n, ast.Attribute)
-        and isinstance(n.ctx, ast.Store)
-        and isinstance(n.value, ast.Name)
-        and n.value.id == "self"
-    }
-
-
 def _loader_names(fn: ast.AST) -> tuple[set[str], dict[str, str]]:
     """(names ``load_weights`` handles itself: ``"x" in name`` / ``name.startswith("x")``, its renaming maps)."""
     handled: set[str] = set()
@@ -84,10 +73,10 @@ def _loader_names(fn: ast.AST) -> tuple[set[str], dict[str, str]]:
 
 def _modules_of(tree: SourceTree, cls: Found) -> set[str]:
     """Names the loader finds a parameter under: the class's own ``self.*`` and its ``self.model``'s."""
-    names = _self_attrs(cls.node)
+    names = self_stores(cls.node)
     inner = attribute_class(tree, cls, "model")
     if inner is not None and isinstance(inner.node, ast.ClassDef):
-        names |= _self_attrs(inner.node)
+        names |= self_stores(inner.node)
     return names
 
 
@@ -147,10 +136,10 @@ def layer_id_problems(
     spec: LayerIds, tree: SourceTree, config: Mapping[str, Any], subject: str
 ) -> list[Problem]:
     """A break when the layers the version captures for ``config``'s ids are not those the draft was trained on."""
-    ids = _lookup(config, spec.field)
+    ids = _lookup(config, _split(spec.field))
     if not isinstance(ids, list) or not ids:
         return []  # absent: the engine's default layers apply (the relied-on check reports that)
-    trained = _lookup(config, spec.trained) if spec.trained else None
+    trained = _lookup(config, _split(spec.trained)) if spec.trained else None
     trained = trained if isinstance(trained, list) and trained else [i - spec.written for i in ids]
     found, why = tree.resolve(spec.symbol)
     if found is None or found.kind != "function":
@@ -194,14 +183,6 @@ def cpu_kernel_notes(spec: CpuKernels, tree: SourceTree, subject: str) -> list[P
     return [Problem("format", subject, f"{spec.dist} has C++ stand-ins ({spec.overrides}) for the Triton "
                     f"input kernel(s) {names} of {spec.what}: not Triton-only in this build", "info",
                     location=str(path))]  # fmt: skip
-
-
-def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
-    """The value at a dotted path of a nested config (None when absent)."""
-    cur: Any = config
-    for part in dotted.split("."):
-        cur = cur.get(part) if isinstance(cur, Mapping) else None
-    return cur
 
 
 def safetensors_names(files: Sequence[Path]) -> list[str] | None:

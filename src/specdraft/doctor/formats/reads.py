@@ -28,8 +28,9 @@ Nothing is imported; :mod:`specdraft.engine.formats` declares which functions re
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from specdraft.doctor.source.reader import dotted_name
 
@@ -62,6 +63,28 @@ class KeyRead:
     line: int = 0
     allowed: tuple[str, ...] | None = None
     via: str = "item"
+
+
+_MISSING = object()
+
+
+def _lookup(config: Any, path: Sequence[str]) -> Any:
+    """The value at ``path`` in a nested config (``[]``: the first list element); ``_MISSING`` when absent."""
+    cur = config
+    for part in path:
+        if part == ITEM:
+            if not isinstance(cur, list) or not cur:
+                return _MISSING
+            cur = cur[0]
+        elif isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        else:
+            return _MISSING
+    return cur
+
+
+def _split(dotted: str) -> tuple[str, ...]:
+    return tuple(p for p in dotted.split(".") if p)
 
 
 def _const_str(node: ast.AST | None) -> str | None:
@@ -350,11 +373,10 @@ class _Reader:
             and any(isinstance(s, ast.Raise) for s in node.body)
         ):
             return
-        left = t.left
+        left, right = t.left, t.comparators[0]
         path = (
             self.values.get(left.id) if isinstance(left, ast.Name) else self.path_of(left, False, frozenset())
         )
-        right = t.comparators[0]
         if isinstance(t.ops[0], ast.NotEq):
             ok = isinstance(right, ast.Constant) and isinstance(right.value, (str, int, float, bool))
             allowed = (str(right.value),) if ok else None
@@ -406,38 +428,29 @@ def config_reads(
         for s in body:
             r.visit(s, frozenset())
         for read in r.reads:
-            old = out.get(read.path)
-            if old is None:
-                out[read.path] = read
-                continue
+            old = out.setdefault(read.path, read)
             merged = old if rank[old.kind] <= rank[read.kind] else read
-            merged = replace(merged, default=old.default or read.default, allowed=old.allowed or read.allowed)
-            out[read.path] = merged
+            out[read.path] = replace(
+                merged, default=old.default or read.default, allowed=old.allowed or read.allowed
+            )
     return list(out.values())
 
 
 def config_writes(node: ast.AST, root: str) -> set[str]:
     """Keys ``node`` writes into the dict ``root`` (``root["k"] = ...``)."""
-    keys = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Assign):
-            for t in n.targets:
-                if isinstance(t, ast.Subscript) and dotted_name(t.value) == root and _const_str(t.slice):
-                    keys.add(_const_str(t.slice))
-    return {k for k in keys if k}
+    return {k for k in map(_const_str, _stores_into(node, root)) if k}
+
+
+def _stores_into(node: ast.AST, root: str) -> list[ast.expr]:
+    """The keys of every ``root[key] = ...`` in ``node``."""
+    targets = [t for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets]
+    return [t.slice for t in targets if isinstance(t, ast.Subscript) and dotted_name(t.value) == root]
 
 
 def _filler(module: ast.Module, table: str) -> set[str]:
     """Names of the module's functions whose body writes ``table[...] = ...`` (registering decorators)."""
-    out = set()
-    for s in module.body:
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for n in ast.walk(s):
-                if isinstance(n, ast.Assign) and any(
-                    isinstance(t, ast.Subscript) and dotted_name(t.value) == table for t in n.targets
-                ):
-                    out.add(s.name)
-    return out
+    functions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {s.name for s in functions if _stores_into(s, table)}
 
 
 def registered_keys(module: ast.Module, table: str) -> tuple[str, ...] | None:

@@ -16,8 +16,10 @@ import functools
 import itertools
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,7 @@ class Found:
     exact: bool  # our values are the ones we pass or write, not a sample
     fix: str = ""  # what to do when the release refuses our value of this field (ExportFormat.fixes)
     gate: str = ""  # a test on the way that none of our values decides (:func:`_gate`): '' when none
-    env: str = (
-        ""  # the environment variable that turns the refusal on, off here (``VAR=value (not set here)``)
-    )
+    env: str = ""  # the environment variable turning the refusal on, off here (``VAR=value (not set here)``)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -64,47 +64,38 @@ class Found:
 def _mutated(module: ast.Module) -> set[str]:
     """Names the module changes after binding them: assigned twice, augmented, stored into, or mutated by
     a method call (``TABLE[k] = v``, ``ALLOWED.add(x)``): their literal value is not what the engine checks."""
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     out: set[str] = set()
     for n in ast.walk(module):
-        if isinstance(n, ast.Assign):
-            for t in n.targets:
-                if isinstance(t, ast.Name):
-                    seen[t.id] = seen.get(t.id, 0) + 1
-                elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
-                    out.add(t.value.id)
-        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+        targets = n.targets if isinstance(n, ast.Assign) else []
+        seen.update(t.id for t in targets if isinstance(t, ast.Name))
+        out |= {t.value.id for t in targets if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
             out.add(n.target.id)
-        elif (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and isinstance(n.func.value, ast.Name)
-        ):
-            if n.func.attr in ("add", "append", "extend", "update", "setdefault", "insert", "pop", "remove"):
-                out.add(n.func.value.id)
+        base, _, method = dotted_name(n.func).rpartition(".") if isinstance(n, ast.Call) else ("", "", "")
+        if base.isidentifier() and method in _MUTATORS:
+            out.add(base)
     return out | {k for k, v in seen.items() if v > 1}
+
+
+_MUTATORS = ("add", "append", "extend", "update", "setdefault", "insert", "pop", "remove")
 
 
 def _module_constants(tree: SourceTree, module: str) -> dict[str, Any]:
     """Module-level constants of ``module`` that it never changes, as Python evaluates them (``ALLOWED = ("a",
     "b")``, ``MAX = 1 << 12``, ``BOTH = ALLOWED + ("c",)``)."""
     parsed = tree.parse(module)
-    if parsed is None:
-        return {}
-    changed = _mutated(parsed)
+    changed = _mutated(parsed) if parsed is not None else set()
     out: dict[str, Any] = {}
-    for s in parsed.body:
-        target = (
-            s.targets[0] if isinstance(s, ast.Assign) and len(s.targets) == 1 else getattr(s, "target", None)
+    for s in parsed.body if parsed is not None else ():
+        targets = (
+            s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, ast.AnnAssign) else []
         )
-        if (
-            isinstance(s, (ast.Assign, ast.AnnAssign))
-            and isinstance(target, ast.Name)
-            and s.value is not None
-        ):
-            value = constant(s.value, out) if target.id not in changed else NOT_CONSTANT
-            if value is not NOT_CONSTANT:
-                out[target.id] = value
+        name = targets[0].id if len(targets) == 1 and isinstance(targets[0], ast.Name) else ""
+        ok = name and name not in changed and s.value is not None
+        value = constant(s.value, out) if ok else NOT_CONSTANT
+        if value is not NOT_CONSTANT:
+            out[name] = value
     return out
 
 
@@ -155,9 +146,7 @@ def _gate(refusal: Refusal, scope: Scope, reader: _Reader, consts: Mapping[str, 
     ``'ParseAuxMTPModel' in x.architectures``) of a field the engine derives from what we pass (below a key
     we set, not one: ``draft_model_config.architectures``). '' when there is none."""
     for atom in _atoms(refusal.tests):
-        if isinstance(atom, ast.Constant) or (
-            isinstance(atom, ast.Call) and dotted_name(atom.func) == "raises"
-        ):
+        if isinstance(atom, ast.Constant) or dotted_name(getattr(atom, "func", None)) == "raises":
             continue
         fields = fields_read([atom], reader)
         if _verdict(replace(refusal, tests=(atom,)), scope, reader, fields, consts, qualify)[0] is not None:
@@ -184,14 +173,9 @@ def _inlined(fn: ast.AST, before: int) -> dict[str, ast.expr]:
 @functools.lru_cache(maxsize=4096)
 def _assigned_once(fn: ast.AST) -> dict[str, tuple[ast.expr, int]]:
     """``{name: (value, line)}`` of :func:`_inlined`, read once per function."""
-    stores: dict[str, int] = {}
     nodes = list(ast.walk(fn))
-    for n in nodes:
-        name = (
-            n.id if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else getattr(n, "arg", None)
-        )
-        if isinstance(n, (ast.Name, ast.arg)) and name is not None:
-            stores[name] = stores.get(name, 0) + 1
+    names = [n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+    stores = Counter([*names, *(n.arg for n in nodes if isinstance(n, ast.arg))])
     out: dict[str, tuple[ast.expr, int]] = {}
     for n in nodes:
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
@@ -204,14 +188,10 @@ def _assigned_once(fn: ast.AST) -> dict[str, tuple[ast.expr, int]]:
 
 def _unwritten(scope: Scope, path: FieldPath) -> bool:
     """Whether ``path`` is a key of the export's config (or of a dict in it) that the export does not write."""
-    if scope.reader is None or scope.attrs or not path or path in scope.values:
+    if scope.reader is None or scope.attrs or not path or path in scope.values or not scope.values:
         return False
     above = scope.values.get(path[:-1], ()) if len(path) > 1 else ({k[0]: 0 for k in scope.values},)
-    return (
-        bool(scope.values)
-        and bool(above)
-        and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
-    )
+    return bool(above) and all(isinstance(v, Mapping) and path[-1] not in v for v in above)
 
 
 def _case_keys(fields: list[FieldPath], scope: Scope) -> list[FieldPath]:
@@ -220,11 +200,7 @@ def _case_keys(fields: list[FieldPath], scope: Scope) -> list[FieldPath]:
     out: list[FieldPath] = []
     for p in fields:
         element = p[: len(p) - p[::-1].index(ITEM)] if ITEM in p else p
-        if (
-            element == p
-            or element not in scope.values
-            or sum(q[: len(element)] == element for q in fields) < 2
-        ):
+        if element not in scope.values or sum(q[: len(element)] == element for q in fields) < 2:
             element = p
         if element in scope.values and element not in out:
             out.append(element)
@@ -237,15 +213,17 @@ def _below(value: Any, keys: FieldPath, node: ast.AST) -> Any:
     for k in keys:
         if isinstance(value, Mapping) and k in value:
             value = value[k]
-        elif (
-            isinstance(value, Mapping)
-            and isinstance(node, ast.Call)
-            and dotted_name(node.func).endswith(".get")
-        ):
-            return node.args[1] if len(node.args) > 1 else ast.Constant(None)
         else:
-            return Unknown(k)
+            default = _get_default(node) if isinstance(value, Mapping) else None
+            return Unknown(k) if default is None else default
     return value
+
+
+def _get_default(node: ast.AST) -> ast.expr | None:
+    """The default of ``d.get(k, default)`` (``None`` when not given); None when ``node`` is no ``.get``."""
+    if isinstance(node, ast.Call) and dotted_name(node.func).endswith(".get"):
+        return node.args[1] if len(node.args) > 1 else ast.Constant(None)
+    return None
 
 
 def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[FieldPath],
@@ -275,13 +253,8 @@ def _verdict(refusal: Refusal, scope: Scope, reader: _Reader, fields: list[Field
                     return _below(case[element], path[len(element) :], node)
                 if len(scope.values.get(path, ())) == 1:
                     return scope.values[path][0]
-                if (
-                    _unwritten(scope, path)
-                    and isinstance(node, ast.Call)
-                    and dotted_name(node.func).endswith(".get")
-                ):
-                    return node.args[1] if len(node.args) > 1 else ast.Constant(None)
-                return Unknown(".".join(path))
+                default = _get_default(node) if _unwritten(scope, path) else None
+                return Unknown(".".join(path)) if default is None else default
             name = dotted_name(node)
             if name in consts and not isinstance(consts[name], dict):
                 return consts[name]
@@ -314,9 +287,9 @@ def _judged(scope: Scope, r: Refusal, reader: _Reader, fields: list[FieldPath], 
     gate, env = "", ""
     refused, case = _verdict(r, scope, reader, fields, consts, qualify)
     g = (
-        env_gate(r, qualify, lambda x: _verdict(x, scope, reader, fields, consts, qualify))
-        if not refused
-        else None
+        None
+        if refused
+        else env_gate(r, qualify, lambda x: _verdict(x, scope, reader, fields, consts, qualify))
     )
     if g is not None:
         refused, case = g.refused or (False if g.refused_on is False else None), g.case
@@ -383,9 +356,8 @@ def refusals(tree: SourceTree, contract: Contract, configs: Mapping[str, Mapping
             refused, case, gate, env = _judged(scope, r, reader, fields, const, qualify)
             if not refused and not any(scope.ours(p) for p in fields):
                 continue  # on keys we do not write, whose defaults pass or cannot be told: not ours
-            fix = next(
-                (scope.fixes[(*scope.prefix, *p)] for p in fields if (*scope.prefix, *p) in scope.fixes), ""
-            )
+            keys = [(*scope.prefix, *p) for p in fields]
+            fix = next((scope.fixes[k] for k in keys if k in scope.fixes), "")
             out[(scope.label, where)] = Found(scope.label, r, where, tuple(_shown(scope, p) for p in fields),
                                               refused, case, r.test_line in scope.judged, scope.exact, fix,
                                               gate, env)  # fmt: skip
@@ -396,35 +368,29 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
     """The report of one new (or reworded) refusal, seen through the scopes in ``found`` (one location)."""
     f = found[0]
     r = f.refusal
-    labels = ", ".join(dict.fromkeys(x.label for x in found))
     fields = ", ".join(f"`{x}`" for x in dict.fromkeys(y for x in found for y in x.fields))
+    labels = ", ".join(dict.fromkeys(x.label for x in found))
+    problem = partial(Problem, "refusal", labels, symbol=fields, installed=was or "", location=f.location)
     what = "a new refusal" if was is None else "a refusal worded differently from the installed release's"
-    cond = (
-        f"`{shorten(r.condition, 300)}`"
-        if r.kind == "raise"
-        else f"`{shorten(r.condition, 300)}` (an assert)"
-    )
+    cond = f"`{shorten(r.condition, 300)}`" + ("" if r.kind == "raise" else " (an assert)")
     head = f"{release} has {what}: refused when {cond}, with {shorten(r.message, 300) or 'no message'}; it reads {fields}"
     refused = next((x for x in found if x.refused), None)
     if any(x.judged for x in found):
-        return Problem("refusal", labels, f"{head}; the value check of the export format judges our value",
-                       "info", symbol=fields, installed=was or "", location=f.location)  # fmt: skip
+        return problem(f"{head}; the value check of the export format judges our value", "info")
     if refused is not None:
-        return Problem("refusal", labels, f"{head}; our value meets the condition: {release} refuses it",
-                       symbol=fields, installed=was or "", location=f.location, passed=refused.case,
-                       fix=refused.fix or "pass or write a value it accepts, or pin a release without this "
-                       "check")  # fmt: skip
+        fix = refused.fix or "pass or write a value it accepts, or pin a release without this check"
+        return problem(
+            f"{head}; our value meets the condition: {release} refuses it", passed=refused.case, fix=fix
+        )
     passes = next((x for x in found if x.refused is False), None)
     if passes is not None and all(x.refused is False and x.exact for x in found):
-        return Problem("refusal", labels, f"{head}; our value passes it", "info", symbol=fields,
-                       installed=was or "", location=f.location, passed=passes.case)  # fmt: skip
+        return problem(f"{head}; our value passes it", "info", passed=passes.case)
     env = next((x for x in found if x.env), None)
     if env is not None and passes is None:  # said at default verbosity: setting the variable breaks us
         var = env.env.split(" (")[0]
         then = (f"with it, our value meets the condition ({env.case})" if env.case
                 else f"whether our value of {fields} passes then cannot be told statically")  # fmt: skip
-        return Problem("refusal", labels, f"{head}; the environment variable {env.env} turns it on: off today, "
-                       f"and {then}", "warning", symbol=fields, installed=was or "", location=f.location,
+        return problem(f"{head}; the environment variable {env.env} turns it on: off today, and {then}", "warning",
                        passed=env.case, fix=f"leave {var.split('=')[0]} unset where {release} runs the draft"
                        + (f", or {env.fix}" if env.fix else ""))  # fmt: skip
     tail = (f"the sample of our value passes it ({passes.case}); other values of {fields} may not" if passes
@@ -432,8 +398,7 @@ def _problem(found: list[Found], release: str, was: str | None) -> Problem:
     gated = passes is None and all(x.gate for x in found)
     if gated:  # a path of the engine's own that nothing we pass is known to take: shown with --verbose
         tail += f"; it sits behind `{shorten(f.gate, 200)}`, which none of our values decides"
-    return Problem("refusal", labels, f"{head}; {tail}", "warning", symbol=fields, installed=was or "",
-                   location=f.location, passed=passes.case if passes else "",
+    return problem(f"{head}; {tail}", "warning", passed=passes.case if passes else "",
                    fix=f.fix or f"check that what you pass as {fields} satisfies it", quiet=gated)  # fmt: skip
 
 

@@ -77,15 +77,14 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
     for s in stmts:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue  # runs elsewhere, if at all
-        for e in _evaluated(s):  # where the statement calls something (:func:`sites_in`)
-            out.append(Refusal("site", "", "", s.lineno, if_line, _unwalrus(tests), expr=e))
+        # where the statement calls something (:func:`sites_in`)
+        out += [Refusal("site", "", "", s.lineno, if_line, _unwalrus(tests), expr=e) for e in _evaluated(s)]
         if isinstance(s, ast.If):
             _walk(s.body, (*tests, s.test), s.lineno, out)
             _walk(s.orelse, (*tests, _negate(s.test)), s.lineno, out)
         elif isinstance(s, ast.Raise) and s.exc is not None:
-            out.append(
-                Refusal("raise", _condition(tests), ast.unparse(s.exc), s.lineno, if_line, _unwalrus(tests))
-            )
+            exc = ast.unparse(s.exc)
+            out.append(Refusal("raise", _condition(tests), exc, s.lineno, if_line, _unwalrus(tests)))
         elif isinstance(s, ast.Assert):
             conj = (*tests, _negate(s.test))
             msg = ast.unparse(s.msg) if s.msg is not None else ""
@@ -97,13 +96,11 @@ def _walk(stmts: Iterable[ast.stmt], tests: tuple[ast.expr, ...], if_line: int, 
             _walk(s.body, tests, if_line, out)
             if s.handlers:  # what the body calls fails into the handlers (judged there: ``raises``)
                 out[start:] = [replace(r, kind="caught") if r.kind == "site" else r for r in out[start:]]
-            for body in (s.orelse, s.finalbody):
-                _walk(body, tests, if_line, out)
+            _walk([*s.orelse, *s.finalbody], tests, if_line, out)
             for h in s.handlers:  # a handler's raise refuses when the try body fails on our value
                 _walk_handler(s, h, tests, out)
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
-            _walk(s.body, tests, if_line, out)
-            _walk(getattr(s, "orelse", []), tests, if_line, out)
+            _walk([*s.body, *getattr(s, "orelse", [])], tests, if_line, out)
 
 
 def _walk_handler(t: ast.Try, h: ast.ExceptHandler, tests: tuple[ast.expr, ...], out: list[Refusal]) -> None:
@@ -114,18 +111,10 @@ def _walk_handler(t: ast.Try, h: ast.ExceptHandler, tests: tuple[ast.expr, ...],
         for n in t.body
         if isinstance(n, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)) and n.value
     ]
-    if not exprs:
-        return
     kind = h.type if h.type is not None else ast.Name(id="Exception", ctx=ast.Load())
-    test = ast.Call(func=ast.Name(id="raises", ctx=ast.Load()), args=[*exprs, kind], keywords=[])
-    for s in h.body:
-        if isinstance(s, ast.Raise) and s.exc is not None:
-            line = t.body[0].lineno
-            out.append(
-                Refusal(
-                    "raise", _condition((*tests, test)), ast.unparse(s.exc), s.lineno, line, (*tests, test)
-                )
-            )
+    conj = (*tests, ast.Call(func=ast.Name(id="raises", ctx=ast.Load()), args=[*exprs, kind], keywords=[]))
+    out += [Refusal("raise", _condition(conj), ast.unparse(s.exc), s.lineno, t.body[0].lineno, conj)
+            for s in h.body if exprs and isinstance(s, ast.Raise) and s.exc is not None]  # fmt: skip
 
 
 class _Inline(ast.NodeTransformer):
@@ -151,9 +140,7 @@ def _unwalrus(tests: tuple[ast.expr, ...], names: dict[str, ast.expr] | None = N
         for n in ast.walk(t):
             if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name):
                 bound[n.target.id] = _Inline(dict(bound)).visit(copy.deepcopy(n.value))
-    if not bound:
-        return tests
-    return tuple(_Inline(bound).visit(copy.deepcopy(t)) for t in tests)
+    return tuple(_Inline(bound).visit(copy.deepcopy(t)) for t in tests) if bound else tests
 
 
 def _pattern(p: ast.pattern, subject: ast.expr, captures: dict[str, ast.expr]) -> ast.expr:
@@ -198,11 +185,8 @@ def _evaluated(s: ast.stmt) -> list[ast.expr]:
     if isinstance(s, ast.Match):
         return [s.subject]
     value = getattr(s, "value", None)
-    return (
-        [value]
-        if isinstance(s, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) and value
-        else []
-    )
+    ok = isinstance(s, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return))
+    return [value] if ok and value else []
 
 
 @functools.lru_cache(maxsize=4096)

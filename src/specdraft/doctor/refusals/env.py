@@ -78,9 +78,7 @@ class _Set(ast.NodeTransformer):
             return ast.Constant(self.value)
         if isinstance(node, ast.Call):
             return copy.deepcopy(node.args[1]) if len(node.args) > 1 else ast.Constant(None)
-        return ast.Name(
-            id="__unset__", ctx=ast.Load()
-        )  # os.environ["X"], envs.X: what the engine does is unknown
+        return ast.Name(id="__unset__", ctx=ast.Load())  # os.environ["X"], envs.X: what it does is unknown
 
 
 def _set(r: Refusal, var: str, value: Any, qualify: Callable[[str], str]) -> Refusal:

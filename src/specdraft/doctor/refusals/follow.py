@@ -13,13 +13,14 @@ to the list's elements (``[]`` in the path: each element is judged).
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
 from specdraft.doctor.formats.reads import ITEM, _Reader
 from specdraft.doctor.refusals.collect import Refusal, sites_in
 from specdraft.doctor.refusals.scopes import Scope
-from specdraft.doctor.source.reader import Found, SourceTree, dotted_name
+from specdraft.doctor.source.reader import Found, SourceTree, decorators, dotted_name
 
 __all__ = ["DEPTH", "bind_loops", "callees"]
 
@@ -33,9 +34,7 @@ def bind_loops(fn: ast.AST, reader: _Reader) -> None:
     to the list's elements."""
     for _ in range(3):  # a loop over the elements of an element
         changed = False
-        for n in ast.walk(fn):
-            if not isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
-                continue
+        for n in [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension))]:
             it, target = n.iter, n.target
             if isinstance(it, ast.Call) and dotted_name(it.func) == "enumerate" and it.args:
                 if isinstance(target, ast.Tuple) and len(target.elts) == 2:
@@ -49,10 +48,6 @@ def bind_loops(fn: ast.AST, reader: _Reader) -> None:
             return
 
 
-def _decorated(fn: ast.AST, names: set[str]) -> bool:
-    return any(dotted_name(d).split(".")[-1] in names for d in getattr(fn, "decorator_list", []))
-
-
 def _callee(tree: SourceTree, scope: Scope, reader: _Reader, node: ast.AST) -> tuple[Found, bool] | None:
     """The function ``node`` runs (a call, or a property read on our object) and whether its first parameter is
     the object it runs on; None when it is not the engine's own function or holds none of our values."""
@@ -64,19 +59,17 @@ def _callee(tree: SourceTree, scope: Scope, reader: _Reader, node: ast.AST) -> t
     )
     if isinstance(node, ast.Attribute) and on_ours and isinstance(node.ctx, ast.Load):
         m = tree.member(scope.owner, node.attr)
-        ok = m is not None and m.kind == "function" and _decorated(m.node, {"property", "cached_property"})
+        ok = m is not None and m.kind == "function" and decorators(m.node) & {"property", "cached_property"}
         return (m, True) if ok else None
     if not isinstance(node, ast.Call):
         return None
     if on_ours:
         m = tree.member(scope.owner, node.func.attr)
-        if m is None or m.kind != "function" or _decorated(m.node, {"property", "cached_property"}):
+        if m is None or m.kind != "function" or decorators(m.node) & {"property", "cached_property"}:
             return None
-        return m, not _decorated(m.node, {"staticmethod"})
+        return m, "staticmethod" not in decorators(m.node)
     args = [*node.args, *(k.value for k in node.keywords)]
-    if not any(reader.path_of(a, False, frozenset()) is not None for a in args):
-        return None
-    if not isinstance(node.func, (ast.Name, ast.Attribute)) or not dotted_name(node.func):
+    if not any(reader.path_of(a, False, frozenset()) is not None for a in args) or not dotted_name(node.func):
         return None
     found = tree.resolve_expr(scope.module, node.func)
     return (found, False) if found is not None and found.kind == "function" and found.owner is None else None
@@ -92,11 +85,7 @@ def _roots(
     if bound and params:
         roots[params.pop(0)] = ()
     if isinstance(node, ast.Call):
-        positional = []
-        for arg in node.args:
-            if isinstance(arg, ast.Starred):
-                break
-            positional.append(arg)
+        positional = itertools.takewhile(lambda arg: not isinstance(arg, ast.Starred), node.args)
         for name, arg in [*zip(params, positional), *((k.arg, k.value) for k in node.keywords if k.arg)]:
             path = reader.path_of(arg, False, frozenset())
             if path is not None:

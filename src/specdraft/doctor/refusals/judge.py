@@ -88,12 +88,9 @@ _PURE = (
     "len any all min max int float str bool tuple list set frozenset dict sorted abs sum round zip enumerate "
     "reversed hasattr"
 ).split()
-_EXCEPTIONS = {
-    k: v for k, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)
-}
 BUILTINS: dict[str, Any] = {
     **{k: getattr(builtins, k) for k in _PURE},
-    **_EXCEPTIONS,
+    **{k: v for k, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)},
     "isinstance": _isinstance,
     "getattr": _getattr,
     "__is__": _is,
@@ -173,9 +170,7 @@ class _Bind(ast.NodeTransformer):
         if isinstance(node, ast.expr) and not isinstance(node, ast.Constant):
             if not (isinstance(node, ast.Name) and node.id in self.local):
                 got = self.lookup(node)
-                if isinstance(
-                    got, ast.expr
-                ):  # an alias or a local, inlined (a copy: the tree is the engine's)
+                if isinstance(got, ast.expr):  # an alias or local, inlined (a copy: the tree is the engine's)
                     return self.visit(copy.deepcopy(got))
                 if got is not DESCEND:
                     return self._bind(got, node)
@@ -216,13 +211,9 @@ class _Bind(ast.NodeTransformer):
 
 
 def _evaluate(test: ast.expr, lookup: Callable[[ast.AST], Any], qualify: Callable[[str], str]) -> bool | None:
-    local: set[str] = set()  # names the condition binds itself (comprehensions, lambdas, :=)
-    for c in ast.walk(test):
-        if isinstance(c, (ast.comprehension, ast.NamedExpr)):
-            local |= {n.id for n in ast.walk(c.target) if isinstance(n, ast.Name)}
-        elif isinstance(c, ast.Lambda):
-            local |= {a.arg for a in ast.walk(c.args) if isinstance(a, ast.arg)}
-    binder = _Bind(lookup, qualify, local)
+    nodes = list(ast.walk(test))  # the names it binds itself: comprehension and := targets, lambda parameters
+    local = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    binder = _Bind(lookup, qualify, local | {a.arg for a in nodes if isinstance(a, ast.arg)})
     expr = ast.fix_missing_locations(ast.Expression(binder.visit(copy.deepcopy(test))))
     try:
         code = compile(expr, "<refusal>", "eval")
@@ -249,9 +240,8 @@ def constant(expr: ast.expr, names: dict[str, Any]) -> Any:
         if not isinstance(n, _CONSTANT_NODES) or (isinstance(n, ast.Name) and n.id not in names):
             return NOT_CONSTANT
         if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Pow, ast.LShift)):
-            if not (
-                isinstance(n.right, ast.Constant) and isinstance(n.right.value, int) and n.right.value <= 4096
-            ):
+            right = n.right.value if isinstance(n.right, ast.Constant) else None
+            if not isinstance(right, int) or right > 4096:
                 return NOT_CONSTANT
     try:
         code = compile(ast.fix_missing_locations(tree), "<constant>", "eval")

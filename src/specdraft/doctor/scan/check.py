@@ -23,18 +23,7 @@ from dataclasses import dataclass
 from specdraft.doctor.scan.source import tilde
 from specdraft.doctor.scan.struct import ClassIndex
 from specdraft.doctor.scan.values import Site, engine_lookup, symbol_of
-from specdraft.doctor.source.reader import (
-    KW_ONLY,
-    POS_KW,
-    POS_ONLY,
-    VAR_KW,
-    VAR_POS,
-    Found,
-    SigInfo,
-    SourceTree,
-    signature,
-    top_statements,
-)
+from specdraft.doctor.source.reader import Found, SigInfo, SourceTree, signature, top_statements
 
 __all__ = ["BREAK_EVIDENCE", "MIN_EVIDENCE", "Finding", "bind_messages", "check_sites", "similar_names"]
 
@@ -60,35 +49,13 @@ class Finding:
 def bind_messages(
     sig: SigInfo, n_pos: int, keywords: tuple[str, ...], splat: bool, dsplat: bool
 ) -> list[str]:
-    """Every way a call passing ``n_pos`` positional arguments and ``keywords`` fails against ``sig``.
-
-    With ``*args`` (``splat``) the positional count is unknown, with ``**kwargs`` (``dsplat``) the
-    keywords are: what they may fill is not reported missing.
-    """
-    msgs = []
-    positional = [p for p in sig.params if p.kind in (POS_ONLY, POS_KW)]
-    if n_pos > len(positional) and not sig.has(VAR_POS):
-        msgs.append(f"takes at most {len(positional)} positional argument(s), the call passes {n_pos}")
-    filled = {p.name for p in positional[:n_pos]}
-    unknown = []
-    for k in keywords:
-        if k in filled:
-            msgs.append(f"keyword {k!r} fills a positional slot the call already fills")
-        elif k in sig.names():
-            filled.add(k)
-        elif not sig.has(VAR_KW):
-            unknown.append(k)
+    """Every way a call passing ``n_pos`` positional arguments and ``keywords`` fails against ``sig``
+    (``splat``/``dsplat``: it passes ``*args``/``**kwargs``, see :meth:`SigInfo.failures`)."""
+    n, twice, unknown, _, missing = sig.failures(n_pos, keywords, splat, dsplat)
+    msgs = [] if n is None else [f"takes at most {n} positional argument(s), the call passes {n_pos}"]
+    msgs += [f"keyword {k!r} fills a positional slot the call already fills" for k in twice]
     if unknown:
         msgs.append(f"does not accept keyword(s) {unknown}")
-    missing = [
-        p.name
-        for p in sig.params
-        if p.required
-        and p.kind not in (VAR_POS, VAR_KW)
-        and p.name not in filled
-        and not dsplat
-        and not (splat and p.kind != KW_ONLY)
-    ]
     if missing:
         msgs.append(f"required parameter(s)/field(s) not passed: {missing}")
     return msgs
@@ -122,11 +89,11 @@ class Checker:
             f = self.judge(s)
             if s.kind == "attr" and f.severity != "ok" and s.recv is not None:
                 listed.add((s.path, s.line, f"{s.recv.describe()}.{s.name}"))
-            if s.kind == "call" and f.severity == "unchecked" and s.recv is not None:
-                if (s.path, s.line, s.recv.oid) in listed:
-                    f.severity = "ok-dup"  # the attribute read on the same line is listed already
-            out.append(f)
-        return [f for f in out if f.severity != "ok-dup"]
+            # a call on what an unchecked attribute read of the same line gives: that read is listed already
+            listed_already = s.recv is not None and (s.path, s.line, s.recv.oid) in listed
+            if not (s.kind == "call" and f.severity == "unchecked" and listed_already):
+                out.append(f)
+        return out
 
     def judge(self, s: Site) -> Finding:
         """The verdict on one site (a missing name the package checks for itself is fine)."""
@@ -153,9 +120,8 @@ class Checker:
         if self.tree.module_path(module) is None:
             return Finding(sev, s, f"module {module} not found in the engine source", module)
         if _module_getattr(self.tree, module):
-            return Finding(
-                "unchecked", s, f"{module} builds names at run time (__getattr__): {name!r} not checked"
-            )
+            why = f"{module} builds names at run time (__getattr__): {name!r} not checked"
+            return Finding("unchecked", s, why)
         return Finding(sev, s, f"{module} has no {name!r} (renamed or removed?){_hint(name, _module_names(self.tree, module))}",
                        f"{module}:{name}", location=tilde(self.tree.module_path(module) or ""))  # fmt: skip
 
@@ -171,9 +137,8 @@ class Checker:
                 return Finding("ok", s, "resolves")
             if _module_getattr(self.tree, module):
                 return Finding("unchecked", s, f"{module} builds names at run time (__getattr__)")
-            return self._missing(
-                s, f"module {module} has no {name!r}", _module_names(self.tree, module), module
-            )
+            names = _module_names(self.tree, module)
+            return self._missing(s, f"module {module} has no {name!r}", names, module)
         have, lack, unsure = [], [], []
         for cls in recv.finds:
             state = self._has(cls, name)
@@ -188,22 +153,19 @@ class Checker:
                            symbol_of(lack[0]), location=tilde(lack[0].location))  # fmt: skip
         if unsure:
             why = ", ".join(f"{c.node.name} ({_why_open(self.tree, c)})" for c in unsure)
-            return Finding(
-                "unchecked", s, f"{name!r} is not in the engine source of {why}: it may come from there"
-            )
+            why = f"{name!r} is not in the engine source of {why}: it may come from there"
+            return Finding("unchecked", s, why)
         names = set().union(*(self.index.attrs(c) or set() for c in lack))
         what = f"{_names(lack)} has no attribute {name!r}"
         return self._missing(s, what, names, symbol_of(lack[0]), lack[0])
 
     def _missing(self, s: Site, what: str, names: set[str], symbol: str, cls: Found | None = None) -> Finding:
         """A name that is not there: a break when read, a warning when assigned (nothing reads it)."""
-        loc = tilde(cls.location) if cls is not None else ""
+        loc, hint = tilde(cls.location) if cls is not None else "", _hint(s.name, names)
         if s.kind == "store":
             return Finding("warning", s, f"{what}: the assignment no longer configures anything (renamed?)"
-                           f"{_hint(s.name, names)}", symbol, location=loc)  # fmt: skip
-        return Finding(
-            "break", s, f"{what} (renamed or removed?){_hint(s.name, names)}", symbol, location=loc
-        )
+                           f"{hint}", symbol, location=loc)  # fmt: skip
+        return Finding("break", s, f"{what} (renamed or removed?){hint}", symbol, location=loc)
 
     def _has(self, cls: Found, name: str) -> bool | None:
         """Whether instances of ``cls`` have ``name``; None when the source cannot tell."""
@@ -223,11 +185,9 @@ class Checker:
         if recv.kind == "einst":
             targets = [m for m in (self.tree.member(c, "__call__") for c in recv.finds) if m is not None]
             if not targets:
-                return Finding(
-                    "unchecked", s, f"calls an instance of {_names(recv.finds)}: no __call__ in its source"
-                )
-        n_pos = s.n_pos - (1 if recv.via_class else 0)
-        return self._bind(s, targets, n_pos)
+                why = f"calls an instance of {_names(recv.finds)}: no __call__ in its source"
+                return Finding("unchecked", s, why)
+        return self._bind(s, targets, s.n_pos - (1 if recv.via_class else 0))
 
     def _bind(self, s: Site, targets: list[Found], n_pos: int) -> Finding:
         """Bind the call at ``s`` to each candidate callee: a break when it fails on most of them."""
@@ -241,9 +201,8 @@ class Checker:
             (fails if msgs else oks).append((t, sig, msgs))
         if not fails:
             if oks:
-                return Finding(
-                    "ok", s, "binds", symbol_of(oks[0][0]), _sig_text(oks[0][1]), tilde(oks[0][1].location)
-                )
+                t, sig, _ = oks[0]
+                return Finding("ok", s, "binds", symbol_of(t), _sig_text(sig), tilde(sig.location))
             why = "; ".join(
                 f"{symbol_of(t)} ({_external(self.tree, t) or 'built outside the source'})" for t in unknown
             )
@@ -259,15 +218,10 @@ class Checker:
         oid = s.recv.oid if s.recv is not None else ""
         if s.kind == "call":
             parent, _, attr = oid.rpartition(".")
-            cands = self.inferred.get((parent, attr))
-            if cands:
-                methods = [
-                    m
-                    for m in (self.tree.member(c, attr) for c in cands)
-                    if m is not None and m.kind == "function"
-                ]
-                if methods:
-                    return self._bind(s, methods, s.n_pos)
+            members = [self.tree.member(c, attr) for c in self.inferred.get((parent, attr)) or ()]
+            methods = [m for m in members if m is not None and m.kind == "function"]
+            if methods:
+                return self._bind(s, methods, s.n_pos)
             return Finding("unchecked", s, f"calls an engine object of unknown type ({oid})")
         if s.kind == "store" or s.name in self.stores[oid]:
             return Finding("ok", s, "set by the package")

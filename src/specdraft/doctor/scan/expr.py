@@ -12,7 +12,6 @@ from collections import Counter
 from typing import Any
 
 from specdraft.doctor.scan.values import (
-    CONTAINERS,
     UNKNOWN,
     LocalClass,
     LocalFunc,
@@ -20,7 +19,11 @@ from specdraft.doctor.scan.values import (
     Val,
     call_result,
     engine_attr,
+    homogeneous,
+    is_none,
+    unquoted,
 )
+from specdraft.doctor.source.reader import decorators, defines_member
 
 __all__ = ["PASSTHROUGH", "ExprMixin"]
 
@@ -132,13 +135,11 @@ class ExprMixin:
             return stored if stored is not None else engine_attr(self.tree, recv, attr)
         if recv.kind in ("linst", "lclass"):
             v = self.local_member(recv.ref, attr)
+            # a method taken from the class (``Cls.meth``) is called with its ``self`` passed
+            if v is not None and v.kind == "lfunc" and recv.kind == "lclass":
+                return Val("lfunc", ref=v.ref, via_class=True)
             if v is not None:
-                # a method taken from the class (``Cls.meth``) is called with its ``self`` passed
-                return (
-                    Val("lfunc", ref=v.ref, via_class=True)
-                    if v.kind == "lfunc" and recv.kind == "lclass"
-                    else v
-                )
+                return v
             bases = recv.ref.engine_bases()
             if bases:
                 ev = Val("einst" if recv.kind == "linst" else "eclass", bases, combined=True)
@@ -146,17 +147,21 @@ class ExprMixin:
                 return engine_attr(self.tree, ev, attr)
             return UNKNOWN
         if recv.kind == "lmod":
-            inner = self.module_scope(recv.ref)
-            if attr in inner.vars:
-                return inner.vars[attr]
-            v = self.from_stars(recv.ref, attr)
-            if v.kind != "unknown":
-                return v
-            sub = f"{recv.ref}.{attr}"
-            return Val("lmod", ref=sub) if self._is_local(sub) else UNKNOWN
+            return self.module_member(recv.ref, attr)
         if recv.kind == "ext":
             return Val("ext", oid=f"{recv.oid}.{attr}")
         return UNKNOWN
+
+    def module_member(self, module: str, name: str) -> Val:
+        """``name`` of the package's ``module``: bound there, by a star import, or a submodule."""
+        inner = self.module_scope(module)
+        if name in inner.vars:
+            return inner.vars[name]
+        v = self.from_stars(module, name)
+        if v.kind != "unknown":
+            return v
+        sub = f"{module}.{name}"
+        return Val("lmod", ref=sub) if self._is_local(sub) else UNKNOWN
 
     def local_member(self, cls: LocalClass, attr: str, depth: int = 0) -> Val | None:
         """``attr`` defined by the package's class ``cls`` or its package bases (None: not defined there)."""
@@ -166,7 +171,7 @@ class ExprMixin:
                 return Val("lfunc", ref=fn) if fn is not None else UNKNOWN
         if attr in cls.attrs:
             return cls.attrs[attr]
-        if attr in cls.stored or _defined_in_body(cls.node, attr):
+        if attr in cls.stored or any(defines_member(s, attr) for s in cls.node.body):
             return UNKNOWN
         for b in cls.bases:
             if b.kind == "lclass" and depth < 10:
@@ -206,10 +211,7 @@ class ExprMixin:
         if node is None:
             return UNKNOWN
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            try:
-                return self.annotation(ast.parse(node.value, mode="eval").body, scope)
-            except SyntaxError:
-                return UNKNOWN
+            return self.annotation(unquoted(node), scope)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
             return self._union([node.left, node.right], scope)
         if isinstance(node, ast.Subscript):
@@ -219,9 +221,7 @@ class ExprMixin:
                 return self._union(elts, scope)
             if base == "Annotated":
                 return self.annotation(elts[0], scope)
-            if base in CONTAINERS and (
-                base not in ("tuple", "Tuple") or len(elts) == 2 and _is_ellipsis(elts[1])
-            ):
+            if homogeneous(base, elts):
                 inner = self.annotation(elts[0], scope)
                 return Val("econt", inner.finds) if inner.kind == "einst" else UNKNOWN
             return UNKNOWN
@@ -238,7 +238,7 @@ class ExprMixin:
         finds: list = []
         partial = False
         for m in members:
-            if (isinstance(m, ast.Constant) and m.value is None) or last_name(m) == "None":
+            if is_none(m):
                 continue
             v = self.annotation(m, scope)
             finds.extend(v.finds if v.kind == "einst" else [])
@@ -258,9 +258,8 @@ class ExprMixin:
         args = [self.ev(a, scope) for a in node.args]
         kws = {k.arg: self.ev(k.value, scope) for k in node.keywords}
         if fv.engine:
-            for k in node.keywords:
-                if k.arg in self.plugs:
-                    self.plug(k.arg, k.value, scope)
+            for k in [k for k in node.keywords if k.arg in self.plugs]:
+                self.plug(k.arg, k.value, scope)
             if fv.kind not in ("emod", "econt"):
                 self.site("call", node, scope, recv=fv, **_shape(node))
             return call_result(self.tree, fv, f"{fv.describe()}()")
@@ -296,9 +295,8 @@ class ExprMixin:
             if isinstance(arg_node, ast.Starred):
                 break
             self.learn(fn.params, p.arg, v)
-        for k, v in kws.items():
-            if k is not None:
-                self.learn(fn.params, k, v)
+        for k, v in [(k, v) for k, v in kws.items() if k is not None]:
+            self.learn(fn.params, k, v)
 
     def external_call(self, fv: Val, args: list[Val]) -> Val:
         """A call outside package and engine: ``types.MethodType(f, obj)`` binds ``f``'s ``self`` to
@@ -340,7 +338,7 @@ def _bound_first(fn: LocalFunc | None, via_class: bool) -> bool:
     classmethod's ``cls`` either way; never a staticmethod's or a plain function's."""
     if fn is None or fn.cls is None:
         return False
-    decos = {last_name(d) for d in fn.node.decorator_list}
+    decos = decorators(fn.node)
     if "staticmethod" in decos:
         return False
     return "classmethod" in decos or not via_class
@@ -354,23 +352,6 @@ def _shape(node: ast.Call) -> dict[str, Any]:
         "splat": any(isinstance(a, ast.Starred) for a in node.args),
         "dsplat": any(k.arg is None for k in node.keywords),
     }
-
-
-def _defined_in_body(node: ast.ClassDef, attr: str) -> bool:
-    """Whether a class body assigns or defines ``attr``."""
-    for s in node.body:
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and s.name == attr:
-            return True
-        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == attr:
-            return True
-        if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in s.targets):
-            return True
-    return False
-
-
-def _is_ellipsis(node: ast.AST) -> bool:
-    """Whether ``node`` is ``...``."""
-    return isinstance(node, ast.Constant) and node.value is ...
 
 
 def last_name(node: ast.AST) -> str:

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdraft.doctor.release.wheel import canon, read_metadata
+from specdraft.doctor.release.wheel import canon, metadata_file, read_metadata, requirements
 
 __all__ = ["Endpoint", "companions", "engine_entry_points", "http_endpoints"]
 
@@ -38,11 +38,6 @@ class Endpoint:
     path: str  # the module's file, relative to the package root
     line: int
     literal: str
-
-
-def _metadata(root: Path) -> Path | None:
-    hits = sorted(root.glob("*.dist-info/METADATA"))
-    return hits[0] if hits else None
 
 
 def engine_entry_points(root: Path, engine: str) -> dict[str, list[str]]:
@@ -83,22 +78,16 @@ def companions(root: Path, modules: dict[str, Path], tops: list[str]) -> list[tu
     """``(distribution, version, importing modules)`` of each dependency pinned exactly (``==``, no extra) in
     the ``METADATA`` under ``root`` that the package's modules import (its import name being the
     distribution's, ``-`` as ``_``)."""
-    meta = _metadata(root)
+    meta = metadata_file(root)
     if meta is None:
         return []
     try:
-        from packaging.requirements import InvalidRequirement, Requirement
+        import packaging.requirements  # noqa: F401 -- the pins are read with it
     except ImportError:
         return []
     imported = _imported_tops(modules)
     out = []
-    for line in read_metadata(meta).get("Requires-Dist", []):
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
+    for _, req in requirements(read_metadata(meta).get("Requires-Dist", [])):
         pins = [s.version for s in req.specifier if s.operator == "=="]
         name = canon(req.name).replace("-", "_")
         if len(pins) == 1 and name in imported and name not in tops:

@@ -2,16 +2,12 @@
 
 ``PKG`` is an installed package, a directory, a ``.whl`` or ``name==version`` (downloaded with
 ``pip download --no-deps``, cached: :mod:`specdraft.doctor.scan.source`). Its source is read with
-:mod:`ast` -- nothing is imported -- and every reference into the engine is found
-(:mod:`specdraft.doctor.scan.walk`): imports (star imports followed), attribute chains, constructor and
-function calls with their positional count and keyword names, on values whose engine type is inferred
-from imports, annotations, constructors, return annotations, ``self`` attributes, arguments passed
-between the package's functions, ``types.MethodType`` and classes handed to the engine
-(``worker_extension_cls``). Each reference is bound against the installed engine's source, or the
-version ``--against`` names (:mod:`specdraft.doctor.release.wheel`), by the static signature reader
-(:mod:`specdraft.doctor.source.reader`, :mod:`specdraft.doctor.scan.check`). The report gives, per call
-site, ``file:line``, what breaks, the engine's current signature and where it is defined; references
-whose receiver type cannot be inferred are listed as unchecked, never passed silently.
+:mod:`ast` -- nothing is imported -- and every reference into the engine is found, the engine types of
+its values inferred (:mod:`specdraft.doctor.scan.walk`). Each reference is bound against the installed
+engine's source, or the version ``--against`` names (:mod:`specdraft.doctor.release.wheel`), by the static
+signature reader (:mod:`specdraft.doctor.source.reader`, :mod:`specdraft.doctor.scan.check`). The report
+gives, per call site, ``file:line``, what breaks, the engine's current signature and where it is defined;
+references whose receiver type cannot be inferred are listed as unchecked, never passed silently.
 """
 
 from __future__ import annotations
@@ -61,10 +57,8 @@ class ScanReport(Findings):
                 if value:
                     lines.append(f"    {label + ':':<11}{shorten(value, 300)}")
         lines += self._unchecked_lines()
-        c = self.counts
-        verdict = (
-            f"{len(self.breaks)} break(s)" if self.breaks else "OK" if c.get("ok") else "nothing checked"
-        )
+        c, n = self.counts, len(self.breaks)
+        verdict = f"{n} break(s)" if n else "OK" if c.get("ok") else "nothing checked"
         lines.append(
             f"{c.get('sites', 0)} engine reference(s): {c.get('ok', 0)} ok, {c.get('break', 0)} break, "
             f"{c.get('warning', 0)} warning, {c.get('unchecked', 0)} unchecked; {verdict} in {self.elapsed_s:.1f}s"
@@ -120,22 +114,18 @@ def scan_package(
     target = locate_package(pkg, download)
     tree = SourceTree(engine_root)
     index = ClassIndex(tree, engine)
-    targets = [target]
     info: dict[str, Any] = {"package": target.describe()}
     plugins = reach.engine_entry_points(target.root, engine)
     if plugins:
-        info[f"{engine} plugins it declares (scanned with it)"] = "; ".join(
-            f"[{g}] {', '.join(eps)}" for g, eps in plugins.items()
-        )
-    released = []
+        plugged = "; ".join(f"[{g}] {', '.join(eps)}" for g, eps in plugins.items())
+        info[f"{engine} plugins it declares (scanned with it)"] = plugged
+    targets, released = [target], []
     for dist, version, n in reach.companions(target.root, target.modules, target.tops):
         try:
-            other = locate_package(f"{dist}=={version}", download)
+            targets.append(locate_package(f"{dist}=={version}", download))
+            released.append(f"{targets[-1].describe()} (pinned =={version}, imported by {n} module(s))")
         except (FileNotFoundError, RuntimeError) as exc:
             released.append(f"{dist}=={version} (imported by {n} module(s)): NOT scanned: {exc}")
-            continue
-        targets.append(other)
-        released.append(f"{other.describe()} (pinned =={version}, imported by {n} module(s))")
     if released:
         info["released with it (pinned and imported: scanned with it)"] = "; ".join(released)
     findings: list[Finding] = []
@@ -149,9 +139,8 @@ def scan_package(
         paths = {m: str(p.relative_to(t.root)) for m, p in t.modules.items()}
         unknown += sum(n for m, n in walker.unknown_calls.items() if paths[m] in here)
         touching += here
-    info["modules referencing the engine"] = f"{len(touching)}: {', '.join(touching[:6])}" + (
-        " ..." if len(touching) > 6 else ""
-    )
+    more = " ..." if len(touching) > 6 else ""
+    info["modules referencing the engine"] = f"{len(touching)}: {', '.join(touching[:6])}{more}"
     info["not examined"] = (
         f"{unknown} method call(s) in those modules on values not known to come from {engine} "
         "(untyped parameters, other libraries' objects)"
@@ -162,15 +151,8 @@ def scan_package(
             f"{len(endpoints)} HTTP endpoint(s) of an engine server named in the source (listed as unchecked: "
             "a server's HTTP API has no signature here); scripts outside the wheel are not in it"
         )
-    findings += [
-        Finding(
-            "unchecked",
-            Site("http", e.path, e.line, e.literal),
-            "an engine server's HTTP endpoint: the "
-            "request and reply are not checked (no contract of the server's API)",
-        )  # fmt: skip
-        for e in endpoints
-    ]
+    why = "an engine server's HTTP endpoint: the request and reply are not checked (no contract of the server's API)"
+    findings += [Finding("unchecked", Site("http", e.path, e.line, e.literal), why) for e in endpoints]
     return findings, info
 
 
@@ -210,9 +192,8 @@ def run_scan(pkg: str, against: str | None = None, engine: str | None = None, js
         try:
             findings, info = scan_package(pkg, root, engine, download, plugs)
         except (FileNotFoundError, RuntimeError) as exc:
-            report.problems.append(
-                Problem("scan", pkg, str(exc), fix="check the package name, path or version")
-            )
+            fix = "check the package name, path or version"
+            report.problems.append(Problem("scan", pkg, str(exc), fix=fix))
         else:
             report.info.update(info)
             counts = Counter(f.severity for f in findings)
@@ -246,9 +227,8 @@ def _engine_root(
         return rel.root
     root = installed_root(engine)
     if root is None or not (root / engine).is_dir():
-        report.problems.append(
-            Problem("scan", engine, f"{engine} is not installed: pass --against {engine}==X")
-        )
+        why = f"{engine} is not installed: pass --against {engine}==X"
+        report.problems.append(Problem("scan", engine, why))
         return None
     report.info["engine"] = f"the installed {engine} at {tilde(root / engine)} (static source)"
     return root

@@ -13,10 +13,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdraft.doctor.check import installed_root
 from specdraft.doctor.release.wheel import (
     Downloader,
     cached,
     local_wheel_dir,
+    metadata_file,
     pip_download,
     read_metadata,
     unpack_wheel,
@@ -24,6 +26,7 @@ from specdraft.doctor.release.wheel import (
 
 __all__ = ["ScanTarget", "locate_package", "package_modules", "tilde"]
 
+_NOT_TOPS = ("setup", "conftest")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", "build", "dist", ".tox"}
 
 
@@ -81,17 +84,9 @@ def package_modules(root: Path, tops: list[str]) -> dict[str, Path]:
 
 def _tops_in(root: Path) -> list[str]:
     """Top-level packages (a directory with ``__init__.py``) and modules directly under ``root``."""
-    tops = [
-        p.name
-        for p in sorted(root.iterdir())
-        if p.is_dir() and (p / "__init__.py").is_file() and p.name.isidentifier() and p.name not in _SKIP_DIRS
-    ]
-    tops += [
-        p.stem
-        for p in sorted(root.glob("*.py"))
-        if p.stem.isidentifier() and p.stem not in ("setup", "conftest")
-    ]
-    return tops
+    packages = [p for p in sorted(root.iterdir()) if p.is_dir() and (p / "__init__.py").is_file()]
+    modules = [p.stem for p in sorted(root.glob("*.py")) if p.stem.isidentifier() and p.stem not in _NOT_TOPS]
+    return [p.name for p in packages if p.name.isidentifier() and p.name not in _SKIP_DIRS] + modules
 
 
 def _from_dir(path: Path) -> tuple[Path, list[str]]:
@@ -108,10 +103,9 @@ def _from_dir(path: Path) -> tuple[Path, list[str]]:
 
 def _metadata_of(root: Path) -> tuple[str, str]:
     """(name, version) from the single ``*.dist-info/METADATA`` under ``root`` ('' when none)."""
-    for meta in sorted(root.glob("*.dist-info/METADATA")):
-        fields = read_metadata(meta)
-        return fields.get("Name", [""])[0], fields.get("Version", [""])[0]
-    return "", ""
+    meta = metadata_file(root)
+    fields = read_metadata(meta) if meta is not None else {}
+    return fields.get("Name", [""])[0], fields.get("Version", [""])[0]
 
 
 def _wheel_tops(root: Path) -> list[str]:
@@ -126,19 +120,12 @@ def _installed(name: str) -> ScanTarget | None:
     try:
         dist = importlib.metadata.distribution(name)
         dist_name, version = dist.metadata["Name"], dist.version
-        text = dist.read_text("top_level.txt") or ""
-        tops = [t.strip() for t in text.splitlines() if t.strip()]
+        tops = (dist.read_text("top_level.txt") or "").split()
     except importlib.metadata.PackageNotFoundError:
         pass
     tops = tops or [name.replace("-", "_")]
-    spec = importlib.util.find_spec(tops[0]) if tops[0].isidentifier() else None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0]).parent
-    elif spec.origin:
-        root = Path(spec.origin).parent
-    else:
+    root = installed_root(tops[0]) if tops[0].isidentifier() else None
+    if root is None:
         return None
     if not version:
         dists = importlib.metadata.packages_distributions().get(tops[0], [])
@@ -176,12 +163,11 @@ def locate_package(spec: str, download: Downloader | None = None) -> ScanTarget:
             raise RuntimeError(f"could not download {spec} ({err}); pass a directory or a wheel instead")
         target = ScanTarget(root, _wheel_tops(root), _metadata_of(root)[0] or dist, version, wheel)
     else:
-        found = _installed(spec)
-        if found is None:
+        target = _installed(spec)
+        if target is None:
             raise FileNotFoundError(
                 f"{spec!r} is neither a directory, a wheel, name==version nor an installed package"
             )
-        target = found
     target.modules = package_modules(target.root, target.tops)
     if not target.modules:
         raise FileNotFoundError(f"no Python module found for {spec!r} under {target.root}")

@@ -12,10 +12,12 @@ none of them (or most of them) has any more was renamed or removed.
 from __future__ import annotations
 
 import ast
+import functools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from specdraft.doctor.source.reader import Found, SourceTree, instance_attributes
+from specdraft.doctor.source.reader import Found, SourceTree, instance_attributes, self_stores
 
 __all__ = ["ClassIndex"]
 
@@ -37,15 +39,7 @@ def _own_names(node: ast.ClassDef) -> frozenset[str]:
     names: set[str] = set()
     for s in node.body:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(s.name)
-            for n in ast.walk(s):
-                if (
-                    isinstance(n, ast.Attribute)
-                    and isinstance(n.ctx, ast.Store)
-                    and isinstance(n.value, ast.Name)
-                    and n.value.id == "self"
-                ):
-                    names.add(n.attr)
+            names |= {s.name, *self_stores(s)}
         elif isinstance(s, ast.ClassDef):
             names.add(s.name)
         elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
@@ -53,6 +47,13 @@ def _own_names(node: ast.ClassDef) -> frozenset[str]:
         elif isinstance(s, ast.Assign):
             names |= {t.id for t in s.targets if isinstance(t, ast.Name)}
     return frozenset(names)
+
+
+def _memo(table: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
+    """``table[key]``, computed once."""
+    if key not in table:
+        table[key] = compute()
+    return table[key]
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.M)
@@ -69,8 +70,6 @@ class ClassIndex:
     def __init__(self, tree: SourceTree, engine: str):
         """The classes of package ``engine`` under ``tree``'s root."""
         self.tree, self.engine = tree, engine
-        self._texts: dict[str, str] | None = None
-        self._headers: list[tuple[str, str, frozenset[str]]] | None = None
         self._attrs: dict[int, set[str] | None] = {}
         self._mentions: dict[str, list[str]] = {}
         # each asked once per scan: the same evidence sets, classes and bases recur for every name on an object
@@ -79,74 +78,55 @@ class ClassIndex:
         self._module_classes: dict[str, list[Found]] = {}
         self._bases: dict[int, list[int]] = {}
 
-    @property
+    @functools.cached_property
     def texts(self) -> dict[str, str]:
         """``{module: source text}`` of every module of the engine package."""
-        if self._texts is None:
-            self._texts = {}
-            root = self.tree.root
-            for path in sorted((root / self.engine).rglob("*.py")):
-                parts = list(path.relative_to(root).with_suffix("").parts)
-                if parts[-1] == "__init__":
-                    parts = parts[:-1]
-                self._texts[".".join(parts)] = path.read_text(encoding="utf-8", errors="replace")
-        return self._texts
+        texts, root = {}, self.tree.root
+        for path in sorted((root / self.engine).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            texts[".".join(parts)] = path.read_text(encoding="utf-8", errors="replace")
+        return texts
 
-    @property
+    @functools.cached_property
     def headers(self) -> list[tuple[str, str, frozenset[str]]]:
         """(module, class name, last names of its bases) of every ``class`` line of the package."""
-        if self._headers is None:
-            self._headers = []
-            for module, text in self.texts.items():
-                for m in _CLASS_HEADER.finditer(text):
-                    bases = {b.strip().split("[")[0].split(".")[-1] for b in (m.group(2) or "").split(",")}
-                    self._headers.append(
-                        (module, m.group(1), frozenset(b for b in bases if b.isidentifier()))
-                    )
-        return self._headers
+        headers = []
+        for module, text in self.texts.items():
+            for m in _CLASS_HEADER.finditer(text):
+                bases = {b.strip().split("[")[0].split(".")[-1] for b in (m.group(2) or "").split(",")}
+                headers.append((module, m.group(1), frozenset(b for b in bases if b.isidentifier())))
+        return headers
 
     def mentioning(self, word: str) -> list[str]:
         """Modules whose text contains ``word``."""
-        if word not in self._mentions:
-            self._mentions[word] = [m for m, text in self.texts.items() if word in text]
-        return self._mentions[word]
+        return _memo(self._mentions, word, lambda: [m for m, text in self.texts.items() if word in text])
 
     def _classes_of(self, module: str) -> list[Found]:
         """Every class defined in ``module`` (nested ones too)."""
         if module not in self._module_classes:
             parsed = self.tree.parse(module)
             path = self.tree.module_path(module) or self.tree.root
-            self._module_classes[module] = [
-                Found("class", module, path, node) for node in _classes(parsed.body if parsed else [])
-            ]
+            classes = _classes(parsed.body if parsed else [])
+            self._module_classes[module] = [Found("class", module, path, node) for node in classes]
         return self._module_classes[module]
 
     def _own_names(self, node: ast.ClassDef) -> frozenset[str]:
-        if id(node) not in self._own:
-            self._own[id(node)] = _own_names(node)
-        return self._own[id(node)]
+        return _memo(self._own, id(node), lambda: _own_names(node))
 
     def _base_ids(self, cls: Found) -> list[int]:
         """The engine classes ``cls`` derives from (its MRO without itself)."""
-        if id(cls.node) not in self._bases:
-            self._bases[id(cls.node)] = [id(b.node) for b in self.tree.mro(cls)[0][1:]]
-        return self._bases[id(cls.node)]
+        return _memo(self._bases, id(cls.node), lambda: [id(b.node) for b in self.tree.mro(cls)[0][1:]])
 
     def attrs(self, cls: Found) -> set[str] | None:
         """Names instances of ``cls`` have, engine bases followed (None: ``__getattr__`` makes them dynamic)."""
-        key = id(cls.node)
-        if key not in self._attrs:
-            self._attrs[key] = instance_attributes(self.tree, cls)
-        return self._attrs[key]
+        return _memo(self._attrs, id(cls.node), lambda: instance_attributes(self.tree, cls))
 
     def candidates(self, evidence: frozenset[str]) -> list[Found]:
         """Classes whose instances have every name in ``evidence`` and that no other such class derives
         from (bases shared by several model classes are not what a caller holds), sorted by module and name."""
-        if not evidence:
-            return []
-        if evidence not in self._candidates:
-            self._candidates[evidence] = self._find(evidence)
-        return list(self._candidates[evidence])
+        return list(_memo(self._candidates, evidence, lambda: self._find(evidence))) if evidence else []
 
     def _find(self, evidence: frozenset[str]) -> list[Found]:
         rare = min(sorted(evidence), key=lambda w: len(self.mentioning(w)))

@@ -21,8 +21,10 @@ from typing import Any
 from specdraft.doctor.source.reader import (
     Found,
     SourceTree,
+    decorators,
     dotted_name,
     instance_attributes,
+    self_attr,
     top_statements,
 )
 
@@ -40,7 +42,10 @@ __all__ = [
     "engine_attr",
     "engine_lookup",
     "engine_resolve",
+    "homogeneous",
+    "is_none",
     "symbol_of",
+    "unquoted",
     "val_of",
 ]
 
@@ -61,9 +66,8 @@ class Val:
     ref: Any = None
     via_class: bool = False  # a method taken from its class (``Cls.meth(obj, ...)``: ``self`` is passed)
     partial: bool = False  # annotated with a union: the value may also be something outside the engine
-    combined: bool = (
-        False  # an instance of every class in ``finds`` at once (a subclass of each: a name on any)
-    )
+    #: an instance of every class of ``finds`` at once (a subclass of each: a name on any is there)
+    combined: bool = False
 
     @property
     def engine(self) -> bool:
@@ -158,9 +162,7 @@ class Scope:
 
     def child(self, class_body: bool = False, cls: LocalClass | None = None) -> Scope:
         """A nested scope."""
-        return Scope(
-            self.module, {}, self, cls or self.cls, class_body, self.guarded, self.guards, self.attr_errors
-        )
+        return dataclasses.replace(self, vars={}, parent=self, cls=cls or self.cls, class_body=class_body)
 
     def variant(self, **changes: object) -> Scope:
         """The same names (shared), other flags: for a guarded block."""
@@ -169,10 +171,8 @@ class Scope:
     def tolerates(self, node: ast.AST, attr: str) -> bool:
         """Whether reading ``attr`` at ``node`` is feature detection: under ``if hasattr(obj, "attr")`` or in a
         ``try`` that catches ``AttributeError``."""
-        if self.attr_errors:
-            return True
         obj = getattr(node, "value", None)
-        return obj is not None and (ast.unparse(obj), attr) in self.guards
+        return self.attr_errors or (obj is not None and (ast.unparse(obj), attr) in self.guards)
 
 
 def symbol_of(f: Found) -> str:
@@ -245,30 +245,16 @@ def engine_resolve(tree: SourceTree, module: str, expr: ast.AST | str) -> Found 
     if not dotted:
         return None
     head, *rest = dotted.split(".")
-    found = engine_lookup(tree, module, head)
-    for part in rest:
-        if found is None:
-            return None
-        if found.kind == "module":
-            found = engine_lookup(tree, found.module, part)
-        elif found.kind == "class":
-            found = tree.member(found, part)
-        else:
-            return None
-    return found
+    return tree.descend(engine_lookup(tree, module, head), rest, lambda m, n: engine_lookup(tree, m, n))
 
 
 def annotation_classes(
     tree: SourceTree, module: str, ann: ast.AST | None, owner: Found | None
 ) -> list[Found]:
     """Engine classes an annotation names: ``X``, ``"X"``, ``X | None``, ``Optional[X]``, ``Self``."""
+    ann = unquoted(ann)
     if ann is None:
         return []
-    if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
-        try:
-            ann = ast.parse(ann.value, mode="eval").body
-        except SyntaxError:
-            return []
     if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
         return _union(tree, module, [ann.left, ann.right], owner)
     if isinstance(ann, ast.Subscript):
@@ -295,7 +281,7 @@ def _union(tree: SourceTree, module: str, members: list[ast.expr], owner: Found 
     """The classes of a union annotation; none when a member (other than ``None``) is not an engine class."""
     out: list[Found] = []
     for m in members:
-        if (isinstance(m, ast.Constant) and m.value is None) or dotted_name(m) == "None":
+        if is_none(m):
             continue
         found = annotation_classes(tree, module, m, owner)
         if not found:
@@ -311,17 +297,11 @@ def val_of(tree: SourceTree, found: Found, oid: str = "") -> Val:
     if found.kind == "class":
         return Val("eclass", (found,))
     if found.kind == "function":
-        if found.owner is not None and _is_property(found.node):
+        if found.owner is not None and decorators(found.node) & {"property", "cached_property"}:
             return _typed(tree, found.module, found.node.returns, found.owner, oid or symbol_of(found))
         return Val("emeth" if found.owner is not None else "efunc", (found,))
     ann = found.node.annotation if isinstance(found.node, ast.AnnAssign) else None
     return _typed(tree, found.module, ann, found.owner, oid or symbol_of(found))
-
-
-def _is_property(fn: ast.AST) -> bool:
-    """Whether a method is a ``property`` / ``cached_property``."""
-    names = {dotted_name(d).split(".")[-1] for d in getattr(fn, "decorator_list", [])}
-    return bool(names & {"property", "cached_property"})
 
 
 def _typed(tree: SourceTree, module: str, ann: ast.AST | None, owner: Found | None, oid: str) -> Val:
@@ -339,13 +319,9 @@ def container_elements(
 ) -> list[Found]:
     """The engine classes of the elements of a container annotation (``list[X]``, ``Iterator[X]``,
     ``AsyncGenerator[X, None]``, ``tuple[X, ...]``, optional ones too); none for anything else."""
-    if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
-        try:
-            ann = ast.parse(ann.value, mode="eval").body
-        except SyntaxError:
-            return []
+    ann = unquoted(ann)
     if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
-        sides = [a for a in (ann.left, ann.right) if dotted_name(a) != "None" and not _is_none(a)]
+        sides = [a for a in (ann.left, ann.right) if not is_none(a)]
         return container_elements(tree, module, sides[0], owner) if len(sides) == 1 else []
     if not isinstance(ann, ast.Subscript):
         return []
@@ -353,18 +329,28 @@ def container_elements(
     args = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
     if base == "Optional":
         return container_elements(tree, module, args[0], owner)
-    if base in ("tuple", "Tuple") and not (
-        len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is ...
-    ):
-        return []
-    if base not in CONTAINERS:
-        return []
-    return annotation_classes(tree, module, args[0], owner)
+    return annotation_classes(tree, module, args[0], owner) if homogeneous(base, args) else []
 
 
-def _is_none(node: ast.AST) -> bool:
-    """Whether ``node`` is the constant ``None``."""
-    return isinstance(node, ast.Constant) and node.value is None
+def unquoted(ann: ast.AST | None) -> ast.AST | None:
+    """A string annotation (``"X"``) parsed (None when it does not parse); any other one as it is."""
+    if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+        try:
+            return ast.parse(ann.value, mode="eval").body
+        except SyntaxError:
+            return None
+    return ann
+
+
+def is_none(node: ast.AST) -> bool:
+    """Whether an annotation is ``None``."""
+    return (isinstance(node, ast.Constant) and node.value is None) or dotted_name(node) == "None"
+
+
+def homogeneous(base: str, args: list[ast.expr]) -> bool:
+    """Whether ``base[args]`` is a container of ``args[0]`` (:data:`CONTAINERS`; a tuple only as ``tuple[X, ...]``)."""
+    ellipsis = len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is ...
+    return base in CONTAINERS and (base not in ("tuple", "Tuple") or ellipsis)
 
 
 #: generic containers whose first type argument is what iterating or indexing them gives
@@ -380,24 +366,20 @@ def _instance_attr_val(tree: SourceTree, cls: Found, attr: str) -> Val:
     annotated parameter; ``None`` aside) when all agree it is engine instances or containers of them,
     else an opaque engine object."""
     vals: list[Val] = []
-    other = False
     for c in tree.mro(cls)[0]:
-        if vals or other:
+        if vals:
             break  # the most derived class that assigns the attribute decides its type
         for fn in (s for s in c.node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))):
             a = fn.args
             params = {p.arg: p.annotation for p in a.posonlyargs + a.args + a.kwonlyargs if p.annotation}
             for node in ast.walk(fn):
-                if isinstance(node, ast.AnnAssign) and _is_self_attr(node.target, attr):
+                v = None
+                if isinstance(node, ast.AnnAssign) and self_attr(node.target) == attr:
                     v = _typed(tree, c.module, node.annotation, c, "")
-                elif isinstance(node, ast.Assign) and any(_is_self_attr(t, attr) for t in node.targets):
+                elif isinstance(node, ast.Assign) and any(self_attr(t) == attr for t in node.targets):
                     v = _assigned_val(tree, c, node.value, params)
-                else:
-                    continue
-                if v is not None:
-                    vals.append(v)
-                    other = other or v.kind == "opaque"
-    if vals and not other and len({v.kind for v in vals}) == 1:
+                vals += [v] if v is not None else []
+    if vals and len({v.kind for v in vals}) == 1 and vals[0].kind != "opaque":
         return _merge(vals)
     return Val("opaque", oid=f"{symbol_of(cls)}.{attr}")
 
@@ -425,16 +407,6 @@ def _resolve_in_class(tree: SourceTree, cls: Found, expr: ast.expr) -> Found | N
     return None
 
 
-def _is_self_attr(target: ast.AST, attr: str) -> bool:
-    """Whether an assignment target is ``self.<attr>``."""
-    return (
-        isinstance(target, ast.Attribute)
-        and target.attr == attr
-        and isinstance(target.value, ast.Name)
-        and target.value.id == "self"
-    )
-
-
 def engine_attr(tree: SourceTree, recv: Val, attr: str) -> Val:
     """The value of ``recv.<attr>`` for an engine value (``UNKNOWN`` when missing: the checker reports it)."""
     if recv.kind == "opaque":
@@ -446,13 +418,9 @@ def engine_attr(tree: SourceTree, recv: Val, attr: str) -> Val:
         return val_of(tree, hit) if hit is not None else UNKNOWN
     if recv.kind == "eclass":
         hit = tree.member(recv.finds[0], attr)
-        if hit is None:
-            return UNKNOWN
-        v = val_of(tree, hit)
-        plain = {dotted_name(d).split(".")[-1] for d in getattr(hit.node, "decorator_list", [])}
-        if v.kind == "emeth" and not plain & {"classmethod", "staticmethod"}:
-            return Val("emeth", v.finds, via_class=True)
-        return v
+        v = val_of(tree, hit) if hit is not None else UNKNOWN
+        unbound = v.kind == "emeth" and not decorators(hit.node) & {"classmethod", "staticmethod"}
+        return Val("emeth", v.finds, via_class=True) if unbound else v
     if recv.kind == "einst":
         vals = []
         for cls in recv.finds:
@@ -469,8 +437,7 @@ def _merge(vals: list[Val]) -> Val:
     """One value for several candidates: the union when all are of one kind, else the first."""
     if not vals:
         return UNKNOWN
-    kinds = {v.kind for v in vals}
-    if len(kinds) == 1 and vals[0].kind in ("einst", "econt", "emeth", "eclass", "efunc"):
+    if len({v.kind for v in vals}) == 1 and vals[0].kind in ("einst", "econt", "emeth", "eclass", "efunc"):
         finds: list[Found] = []
         for v in vals:
             finds.extend(f for f in v.finds if all(f.node is not g.node for g in finds))
@@ -484,8 +451,5 @@ def call_result(tree: SourceTree, callee: Val, oid: str) -> Val:
     if callee.kind == "eclass":
         return Val("einst", callee.finds)
     if callee.kind in ("efunc", "emeth"):
-        vals = [_typed(tree, f.module, f.node.returns, f.owner, oid) for f in callee.finds]
-        return _merge(vals)
-    if callee.engine:
-        return Val("opaque", oid=oid)
-    return UNKNOWN
+        return _merge([_typed(tree, f.module, f.node.returns, f.owner, oid) for f in callee.finds])
+    return Val("opaque", oid=oid) if callee.engine else UNKNOWN

