@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,25 +62,41 @@ def _shown(path: Sequence[str]) -> str:
     return ".".join(path).replace(f".{ITEM}", "[0]")
 
 
-def _tables(tree: SourceTree, module: str) -> dict[str, tuple[str, ...]]:
-    """Key tables visible in ``module``: its own dict literals and registries, and those it imports."""
-    parsed = tree.parse(module)
-    if parsed is None:
-        return {}
-    out: dict[str, tuple[str, ...]] = {}
-    for s in parsed.body:
-        names: list[tuple[str, str, str]] = []  # (local name, home module, name there)
-        if isinstance(s, ast.Assign):
-            names = [(t.id, module, t.id) for t in s.targets if isinstance(t, ast.Name)]
-        elif isinstance(s, ast.ImportFrom):
-            home = tree.absolute(module, s.level, s.module)
-            names = [(a.asname or a.name, home, a.name) for a in s.names]
-        for local, home, name in names:
-            home_tree = tree.parse(home)
-            keys = registered_keys(home_tree, name) if home_tree is not None else None
-            if keys is not None:
-                out[local] = keys
-    return out
+class _Tables(Mapping):
+    """Key tables visible in ``module`` (its own dict literals and registries, and those it imports), each read
+    when first asked for: only the modules a reader's constraints name are parsed."""
+
+    def __init__(self, tree: SourceTree, module: str):
+        self.tree, self.found = tree, {}
+        self.where: dict[str, list[tuple[str, str]]] = {}  # local name -> (home module, name there), in order
+        for s in getattr(tree.parse(module), "body", []):
+            if isinstance(s, ast.Assign):
+                names = [(t.id, module, t.id) for t in s.targets if isinstance(t, ast.Name)]
+            elif isinstance(s, ast.ImportFrom):
+                home = tree.absolute(module, s.level, s.module)
+                names = [(a.asname or a.name, home, a.name) for a in s.names]
+            else:
+                names = []
+            for local, home, name in names:
+                self.where.setdefault(local, []).append((home, name))
+
+    def _keys(self, home: str, name: str) -> tuple[str, ...] | None:
+        parsed = self.tree.parse(home)
+        return registered_keys(parsed, name) if parsed is not None else None
+
+    def __getitem__(self, local: str) -> tuple[str, ...]:
+        if local not in self.found:  # the last binding with known keys wins, as the module's own order does
+            keys = (self._keys(*w) for w in reversed(self.where.get(local, [])))
+            self.found[local] = next((k for k in keys if k is not None), None)
+        if self.found[local] is None:
+            raise KeyError(local)
+        return self.found[local]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.where if k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _reader_nodes(
@@ -207,7 +223,7 @@ def _check_one(
                                     "specdraft/engine/formats.py"))  # fmt: skip
             continue
         writes |= {k for n in nodes if r.writes for k in config_writes(n, r.writes)}
-        found = config_reads(nodes, r.roots, _tables(tree, module), r.model, follow, module, r.follow)
+        found = config_reads(nodes, r.roots, _Tables(tree, module), r.model, follow, module, r.follow)
         path = tree.module_path(module)
         reads += [(r, kr, (*_split(r.scope), *kr.path), f"{path}:{kr.line}") for kr in found]
     problems += _refusals(subject, where, config, reads, fmt.model_scope, fmt.writer)

@@ -28,6 +28,8 @@ Nothing is imported; :mod:`specdraft.engine.formats` declares which functions re
 from __future__ import annotations
 
 import ast
+import functools
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -110,13 +112,15 @@ class _Reader:
     def __init__(
         self,
         roots: Sequence[str],
-        tables: dict[str, tuple[str, ...]],
+        tables: Mapping[str, tuple[str, ...]],
         attrs: bool = False,
         calls: _Calls | None = None,
     ):
         self.env: dict[str, tuple[str, ...]] = {r: () for r in roots}  # name -> config path
         self.values: dict[str, tuple[str, ...]] = {}  # name -> path of the value it holds
-        self.tables = dict(tables)  # name -> keys of a dict literal / registry
+        self.tables = ChainMap(
+            {}, tables
+        )  # name -> keys of a dict literal / registry (read when first asked)
         self.reads: list[KeyRead] = []
         self.attrs = attrs  # plain attribute reads of the config object are key reads
         self.caught = 0  # depth of ``try`` bodies whose handler catches a missing key
@@ -402,7 +406,7 @@ def _catches_missing(handler: ast.ExceptHandler) -> bool:
 def config_reads(
     nodes: Iterable[ast.AST],
     roots: Sequence[str],
-    tables: dict[str, tuple[str, ...]] | None = None,
+    tables: Mapping[str, tuple[str, ...]] | None = None,
     attrs: bool = False,
     follow: Follow | None = None,
     module: str = "",
@@ -422,7 +426,7 @@ def config_reads(
     rank = {"required": 0, "default": 1, "presence": 2}
     for node in nodes:
         calls = _Calls(follow, module, depth) if follow is not None and depth > 0 else None
-        r = _Reader(roots, tables or {}, attrs, calls)
+        r = _Reader(roots, {} if tables is None else tables, attrs, calls)
         body = node.body if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else [node]
         r.aliases(body)
         for s in body:
@@ -438,42 +442,55 @@ def config_reads(
 
 def config_writes(node: ast.AST, root: str) -> set[str]:
     """Keys ``node`` writes into the dict ``root`` (``root["k"] = ...``)."""
-    return {k for k in map(_const_str, _stores_into(node, root)) if k}
+    return {k for k in (_const_str(t.slice) for t in _stores_into(node, root)) if k}
 
 
-def _stores_into(node: ast.AST, root: str) -> list[ast.expr]:
-    """The keys of every ``root[key] = ...`` in ``node``."""
+def _stores_into(node: ast.AST, root: str | None) -> list[ast.Subscript]:
+    """Every ``root[key] = ...`` target in ``node`` (None: into any name)."""
     targets = [t for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets]
-    return [t.slice for t in targets if isinstance(t, ast.Subscript) and dotted_name(t.value) == root]
+    return [t for t in targets if isinstance(t, ast.Subscript) and root in (None, dotted_name(t.value))]
 
 
-def _filler(module: ast.Module, table: str) -> set[str]:
-    """Names of the module's functions whose body writes ``table[...] = ...`` (registering decorators)."""
-    functions = [s for s in module.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return {s.name for s in functions if _stores_into(s, table)}
+@functools.lru_cache(maxsize=1024)
+def _table_index(
+    module: ast.Module,
+) -> tuple[dict[str, list], list[tuple[int, str, str]], dict[str, set[str]]]:
+    """One walk of ``module`` for :func:`registered_keys`: every assignment by target name, in walk order
+    ``(position, keys or None when built at run time)``; every ``@name("key")`` decorator ``(position, name,
+    key)``; and per top-level function, the names it writes ``name[...] = ...`` into."""
+    assigned: dict[str, list] = {}
+    decorators: list[tuple[int, str, str]] = []
+    for i, n in enumerate(ast.walk(module)):
+        if isinstance(n, ast.Assign):
+            literal = isinstance(
+                n.value, (ast.Dict, ast.Tuple, ast.List, ast.Set)
+            )  # SUPPORTED = ("eagle3", ...)
+            items = (n.value.keys if isinstance(n.value, ast.Dict) else n.value.elts) if literal else []
+            keys = [k for k in map(_const_str, items) if k] if literal else None
+            for t in n.targets:
+                assigned.setdefault(dotted_name(t), []).append((i, keys))
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = [d for d in n.decorator_list if isinstance(d, ast.Call) and d.args]
+            decorators += [(i, dotted_name(d.func).split(".")[-1], _const_str(d.args[0])) for d in calls]
+    writes = {
+        f.name: {dotted_name(t.value) for t in _stores_into(f, None)}
+        for f in module.body
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    return assigned, decorators, writes
 
 
 def registered_keys(module: ast.Module, table: str) -> tuple[str, ...] | None:
-    """The keys of ``table`` in ``module``: a dict literal's, plus every ``@register("key")`` that fills it."""
-    keys: list[str] = []
-    found = False
-    fillers = _filler(module, table)
-    for s in ast.walk(module):
-        if isinstance(s, ast.Assign) and any(dotted_name(t) == table for t in s.targets):
-            found = True
-            if isinstance(s.value, ast.Dict):
-                keys += [k for k in (_const_str(k) for k in s.value.keys) if k]
-            elif isinstance(s.value, (ast.Tuple, ast.List, ast.Set)):  # SUPPORTED = ("eagle3", ...)
-                keys += [k for k in (_const_str(e) for e in s.value.elts) if k]
-            else:  # built at run time (a call, a comprehension): its keys are not known, not "none"
-                return None
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for d in s.decorator_list:
-                if isinstance(d, ast.Call) and dotted_name(d.func).split(".")[-1] in fillers and d.args:
-                    key = _const_str(d.args[0])
-                    if key:
-                        keys.append(key)
-    return tuple(keys) if found else None
+    """The keys of ``table`` in ``module``: a dict literal's, plus every ``@register("key")`` that fills it (a
+    function of the module whose body writes ``table[...] = ...``); None when the module never assigns it or
+    builds it at run time (a call, a comprehension: its keys are not known, not "none")."""
+    assigned, decorators, writes = _table_index(module)
+    if table not in assigned or any(keys is None for _, keys in assigned[table]):
+        return None
+    fillers = {name for name, roots in writes.items() if table in roots}
+    found = [(i, k) for i, keys in assigned[table] for k in keys]
+    found += [(i, key) for i, name, key in decorators if name in fillers and key]
+    return tuple(k for _, k in sorted(found, key=lambda ik: ik[0]))
 
 
 def registered_function(module: ast.Module, key: str) -> ast.FunctionDef | None:

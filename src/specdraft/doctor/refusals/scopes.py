@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.doctor.formats.check import _reader_nodes, _tables
+from specdraft.doctor.formats.check import _reader_nodes, _Tables
 from specdraft.doctor.formats.reads import ITEM, _lookup, _Reader, _split
 from specdraft.doctor.refusals.judge import NOT_CONSTANT, constant
 from specdraft.doctor.source.reader import Found, SourceTree, dotted_name, self_attr
@@ -288,7 +288,7 @@ def read_tables(tree: SourceTree, scope: Scope, cache: dict[str, dict[str, tuple
     if scope.reader is None:
         return
     if scope.module not in cache:
-        cache[scope.module] = _tables(tree, scope.module)
+        cache[scope.module] = _Tables(tree, scope.module)
     scope.tables = cache[scope.module]
     scope.judged = _judged_lines(scope.fn, scope.reader, scope.tables)
 
