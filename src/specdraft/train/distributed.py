@@ -6,6 +6,7 @@ Every helper is a no-op in a single process, so the loop reads the same with one
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 
 import torch
@@ -35,12 +36,15 @@ def _init_distributed(device: str) -> tuple[int, int, torch.device]:
 def leaving_process_group():
     """Around a run (or decorating its function): the process group `_init_distributed` joined during it is left
     at its end, failed or not (a process that exits with gloo's threads still running can abort after its work is
-    done: "terminate called without an active exception", SIGABRT); a group there before is its creator's."""
+    done: "terminate called without an active exception", SIGABRT); a group there before is its creator's. The
+    run's model is freed first: FSDP2's state is cyclic garbage holding the group's mesh and communication state,
+    which the interpreter's teardown would otherwise free after the group is gone (CI: rank 1 aborted so)."""
     before = dist.is_initialized()
     try:
         yield
     finally:
         if not before and dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
 
 
