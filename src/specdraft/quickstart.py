@@ -205,16 +205,25 @@ def quickstart(
 
 
 def _check_settings(root: Path, settings: dict) -> None:
-    """Refuse to resume a run made with other settings (its stages would be reused under a new label)."""
+    """Refuse to resume a run made with other settings (its stages would be reused under a new label). A setting
+    the record lacks is newer than the run (a later specdraft's budget field): it applies to the stages still to
+    run, said in one line."""
     f = root / SETTINGS_FILE
     if f.exists():
         before = json.loads(f.read_text())
-        diff = changed_settings(before, settings)
+        newer = {k: v for k, v in settings.items() if k not in before}
+        diff = changed_settings(before, settings, skip=newer)
         if diff:
             shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diff)
-            raise ValueError(f"{root} holds a quickstart run with other settings ({shown}): rerun with "
-                             f"--budget {before.get('budget')} to resume it, add --fresh to start over, or "
-                             "choose another --out")  # fmt: skip
+            how = (f"rerun with --budget {before.get('budget')} to resume it"
+                   if before.get("budget") != settings["budget"]
+                   else f"the {settings['budget']} budget changed since it was made")  # fmt: skip
+            raise ValueError(f"{root} holds a quickstart run with other settings ({shown}): {how}; add --fresh "
+                             "to start over, or choose another --out")  # fmt: skip
+        if newer:
+            shown = ", ".join(f"{k}={v!r}" for k, v in newer.items())
+            print(f"quickstart: resuming a run made before these settings existed: {shown} (the stages still to "
+                  "run use them)", flush=True)  # fmt: skip
     atomic_write_text(f, json.dumps(settings, indent=1))
 
 
