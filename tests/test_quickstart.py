@@ -26,13 +26,15 @@ def test_a_rerun_with_another_budget_is_refused_naming_what_differs(tmp_path):
 def test_a_run_made_before_a_budget_setting_existed_resumes_and_a_changed_budget_is_named(tmp_path, capsys):
     # a run recorded by an older specdraft: the setting it lacks applies to the stages still to run
     Q._check_settings(tmp_path, {"budget": "default", "samples": 240, "device": "cpu"})
-    Q._check_settings(tmp_path, {"budget": "default", "samples": 240, "device": "cpu", "serve_dist_samples": 100})
+    newer = {"budget": "default", "samples": 240, "device": "cpu", "serve_dist_samples": 100}
+    Q._check_settings(tmp_path, newer)
     assert "made before these settings existed: serve_dist_samples=100" in capsys.readouterr().out
     # the same budget defined otherwise since: no "rerun with --budget default" (the budget it already names)
     with pytest.raises(ValueError) as e:
-        Q._check_settings(tmp_path, {"budget": "default", "samples": 320, "device": "cpu", "serve_dist_samples": 100})
-    assert "samples 240 -> 320" in str(e.value) and "the default budget changed since it was made" in str(e.value)
-    assert "--budget default" not in str(e.value) and "--fresh" in str(e.value)
+        Q._check_settings(tmp_path, {**newer, "samples": 320})
+    msg = str(e.value)
+    assert "samples 240 -> 320" in msg and "the default budget changed since it was made" in msg
+    assert "--budget default" not in msg and "--fresh" in msg
 
 
 def test_a_second_quickstart_on_one_directory_fails_at_once(tmp_path):
