@@ -246,9 +246,11 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     with clock.stage("train", title, done):
         if not done:
             # the budget sets every setting: train's own recipe (--recipe auto) is off
+            # bf16 autocast where the device computes it natively (1.4x fp32 here); a run begun keeps its own
+            tdtype = _read_json(train_dir / "train_settings.json").get("settings", {}).get("dtype")
             cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
                               max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
-                              val_fraction=0.05, val_every=100, device=device,
+                              val_fraction=0.05, val_every=100, device=device, dtype=tdtype or _fast_dtype(device),
                               resume=latest_checkpoint(train_dir) is not None, recipe="off",
                               **b.train_recipe())  # fmt: skip
             train(str(hs_dir), str(train_dir), cfg)
@@ -296,6 +298,14 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
     return 0
 
 
+def _fast_dtype(device: str) -> str:
+    """The compute dtype of extraction and training: bfloat16 where ``device`` computes it natively (a GPU, or a
+    CPU with AVX512-BF16 or AMX: docs/experiments.md, "bf16 on the CPU"), float32 elsewhere."""
+    from specdraft.runtime import bf16_native
+
+    return "bfloat16" if bf16_native(device) else "float32"
+
+
 def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[Path, Path]:
     """regenerate (when the budget asks for it), prepare and extract; returns (dataset dir, extraction dir)."""
     from specdraft.capture.extract import extract
@@ -303,7 +313,7 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
     from specdraft.data.regenerate import SETTINGS_FILE as REGEN_FILE
     from specdraft.data.regenerate import regenerate
 
-    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"  # generation: fp32 on a CPU (greedy ties)
 
     # 0. regenerate: ShareGPT's user turns, the target's own replies (vLLM when installed, else transformers)
     conversations = "sharegpt"
@@ -327,9 +337,13 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
 
     # 2. extract: hidden states of the EAGLE-3 layers (resumes shard by shard)
     hs_dir = root / "hidden_states"
-    done = any(_read_json(p).get("complete") for p in hs_dir.glob("manifest-*.json"))
-    with clock.stage("extract", "extract (target prefill, hidden states of layers 2, 15, 27 and 30)", done):
-        extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=dtype,
+    manifests = [_read_json(p) for p in hs_dir.glob("manifest-*.json")]
+    done = any(m.get("complete") for m in manifests)
+    # bf16 where the device computes it natively (1.6x fp32 here), else fp32; an extraction begun keeps its own
+    xdtype = next((m["compute_dtype"] for m in manifests if m.get("compute_dtype")), _fast_dtype(device))
+    with clock.stage("extract", f"extract (target prefill in {xdtype}, hidden states of layers 2, 15, 27 and 30)",
+                     done):  # fmt: skip
+        extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=xdtype,
                 samples_per_shard=16, max_tokens_per_batch=2048)  # fmt: skip
     return ds_dir, hs_dir
 
@@ -356,6 +370,11 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "(--recipe auto) and 1e-4, 4096, cosine above",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
         "extract_tokens_per_s": xman.get("tokens_per_second_last_run"),
+        # what extraction and training computed in (bf16 where the device has it natively: `_fast_dtype`)
+        "compute_dtype": {
+            "extract": xman.get("compute_dtype", "float32"),
+            "train": _train_dtype(root / "train"),
+        },
         "train": json.loads((final / "config.json").read_text()).get("train", {}),
         "eval": {
             "trained": _brief(report["drafts"][str(final)]),
@@ -464,14 +483,22 @@ def _brief(d: dict) -> dict:
     }
 
 
+def _train_dtype(train_dir: Path) -> str:
+    """The dtype training ran in: its settings file's, `auto` as it resolved."""
+    rec = _read_json(train_dir / "train_settings.json")
+    dtype = rec.get("settings", {}).get("dtype", "auto")
+    return rec.get("resolved", {}).get("dtype", "float32") if dtype in ("", "auto") else dtype
+
+
 def _table(s: dict) -> str:
     tr, un = s["eval"]["trained"], s["eval"]["untrained"]
     val = s["train"].get("val", {}) if isinstance(s["train"], dict) else {}
     rows = [
         ("data", f"{s['data']['num_samples']} conversations, {s['data']['num_tokens']} tokens "
                  f"({s['data']['num_loss_tokens']} assistant)"),
-        ("extraction", f"{s['extract_tokens_per_s'] or 0:.0f} tokens/s"),
-        ("training", f"{s['seconds']['train']:.0f} s, {s['train'].get('steps', '?')} steps, val {_fmt_val(val)}"),
+        ("extraction", f"{s['extract_tokens_per_s'] or 0:.0f} tokens/s, {s['compute_dtype']['extract']}"),
+        ("training", f"{s['seconds']['train']:.0f} s, {s['train'].get('steps', '?')} steps, "
+                     f"{s['compute_dtype']['train']}, val {_fmt_val(val)}"),
         ("on the curve", curve_position(s["data"]["num_loss_tokens"], s["budget"]["epochs"])),
         ("tau (trained)", f"{tr['tau']:.3f}   acceptance per position {tr['acceptance_per_position']}"),
         ("tau (untrained)", f"{un['tau']:.3f}   acceptance per position {un['acceptance_per_position']}"),
