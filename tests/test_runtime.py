@@ -38,6 +38,19 @@ def test_auto_is_the_cpu_in_fp32_without_a_gpu(monkeypatch):
     assert resolve_dtype("bfloat16", "cpu") == "bfloat16"  # what is given is kept
 
 
+def test_bf16_is_native_on_a_bf16_gpu_and_on_a_cpu_with_avx512_bf16_or_amx(gpu, monkeypatch):
+    assert runtime.bf16_native("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert not runtime.bf16_native("cuda:0")
+    for avx512_bf16, amx, native in [(True, False, True), (False, True, True), (False, False, False)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert runtime.bf16_native("cpu") is native
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")  # a torch without the probe: emulated, no
+    assert runtime.bf16_native("cpu") is False
+    assert runtime.bf16_native("mps") is False
+
+
 def test_a_cpu_run_on_a_gpu_machine_is_warned_once(gpu, capsys):
     assert resolve_device("cpu", "train") == "cpu"
     assert resolve_device("cpu", "train") == "cpu"
