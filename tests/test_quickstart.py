@@ -199,4 +199,6 @@ def test_extract_and_train_compute_in_bf16_where_native_and_a_stage_begun_keeps_
             (root / "train" / "train_settings.json").write_text('{"settings": {"dtype": "auto"}}')
         with pytest.raises(Stop):
             Q.quickstart(out=str(root), budget="tiny", device="cpu")
-        assert seen == ({"extract": "float32", "train": "auto"} if begun else {"extract": fast, "train": fast})
+        assert seen == (
+            {"extract": "float32", "train": "auto"} if begun else {"extract": fast, "train": fast}
+        )
