@@ -202,3 +202,40 @@ def test_extract_and_train_compute_in_bf16_where_native_and_a_stage_begun_keeps_
         assert seen == (
             {"extract": "float32", "train": "auto"} if begun else {"extract": fast, "train": fast}
         )
+
+
+def test_the_serving_temperature_picks_the_loss_and_a_changed_one_is_refused(tmp_path, monkeypatch):
+    """--serve-temperature 1: the draft trains with the TV loss (measured best there); not named: the target's own
+    (SmolLM2 names none: 0.7) and the soft KL; another temperature on the same run is refused with the fix."""
+    import specdraft.capture.extract as X
+    import specdraft.data.prepare as P
+    import specdraft.data.regenerate as G
+    import specdraft.train.loop as L
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_train(shards, out, cfg):
+        seen.update(loss=cfg.loss, at=cfg.serve_temperature)
+        raise Stop
+
+    monkeypatch.setattr(P, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(X, "extract", lambda *a, **k: None)
+    monkeypatch.setattr(G, "regenerate", lambda *a, **k: tmp_path / "conversations.jsonl")
+    monkeypatch.setattr(L, "train", fake_train)
+    monkeypatch.setattr(
+        Q, "_serve_temperature", lambda named=-1.0: (named, 1.0, "x") if named >= 0 else (0.7, 1.0, "y")
+    )
+    for name, at, want in [("t1", 1.0, {"loss": "tv", "at": 1.0}), ("own", -1.0, {"loss": "", "at": 0.7})]:
+        root = tmp_path / name
+        (root / "dataset").mkdir(parents=True)
+        (root / "dataset" / "manifest.json").write_text('{"num_samples": 1}')
+        with pytest.raises(Stop):
+            Q.quickstart(out=str(root), budget="tiny", device="cpu", serve_temperature=at)
+        assert seen == want
+    with pytest.raises(ValueError, match=r"serve_temperature 1\.0 -> 0\.6.*--fresh"):
+        Q.quickstart(out=str(tmp_path / "t1"), budget="tiny", device="cpu", serve_temperature=0.6)
+    with pytest.raises(ValueError, match=r"--serve-temperature must be -1 .* in \[0, 2\]"):
+        Q.quickstart(out=str(tmp_path / "t1"), budget="tiny", device="cpu", serve_temperature=5)

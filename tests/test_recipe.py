@@ -56,6 +56,23 @@ def test_on_fills_in_what_was_not_given_at_any_size_and_leaves_ema_out_under_fsd
     )
 
 
+def test_a_draft_served_at_t1_trains_with_the_tv_loss_unless_a_loss_is_given(monkeypatch):
+    """--serve-temperature 1 (or more): the recipe's loss is TV (measured at T = 1); below 1, or not said, the
+    draft's own soft KL; a --loss given wins; a DFlash draft keeps its own recipe."""
+    from specdraft import runtime
+
+    got, said = with_recipe(replace(DEFAULTS, serve_temperature=1.0), 80_000)
+    assert got.loss == "tv" and "served at T=1: the TV loss" in said and "--loss tv" in said
+    for t in (-1.0, 0.0, 0.7):
+        got, said = with_recipe(replace(DEFAULTS, serve_temperature=t), 80_000)
+        assert got.loss == "" and "--loss" not in said
+    monkeypatch.setattr(runtime, "GIVEN", {"loss": "command line"})
+    monkeypatch.setattr(runtime, "FROM_COMMAND_LINE", True)
+    got, said = with_recipe(replace(DEFAULTS, serve_temperature=1.0, loss="kl"), 80_000)
+    assert got.loss == "kl" and "command line: --loss kl" in said
+    assert "--serve-temperature must be -1" in " ".join(replace(DEFAULTS, serve_temperature=3.0).problems())
+
+
 def test_a_run_on_small_data_trains_with_the_recipe_and_says_so(tmp_path, shards, capsys):  # noqa: F811
     base = dict(draft_vocab_size=64, ttt_steps=2, max_length=96, max_steps=2, val_fraction=0.0, progress=False,
                 tensorboard=False)  # fmt: skip

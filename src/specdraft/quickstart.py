@@ -181,6 +181,7 @@ def quickstart(
     budget: Literal["tiny", "default", "large"] = "default",
     device: str = "auto",
     fresh: bool = False,
+    serve_temperature: float = -1.0,
 ) -> int:
     """Run prepare -> extract -> train -> eval -> export on the embedded default, resuming where it stopped.
 
@@ -189,7 +190,14 @@ def quickstart(
         budget: `tiny` (smoke test), `default` (under 30 min on a 2-core CPU) or `large`.
         device: auto (cuda when CUDA is available, else cpu), cpu or cuda[:N] (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
+        serve_temperature: the temperature you will serve the draft at (-1: the target's own, its generation_config's,
+            else 0.7). The quickstart serves again at it (0: greedy only), and from 1 the draft trains with the TV
+            loss, which serves best there (docs/experiments.md, "Served at a temperature").
     """
+    if serve_temperature != -1 and not 0 <= serve_temperature <= 2:
+        raise ValueError(
+            f"--serve-temperature must be -1 (the target's own) or in [0, 2], not {serve_temperature}"
+        )
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
     b = BUDGETS[budget]
@@ -200,8 +208,9 @@ def quickstart(
     if fresh:
         shutil.rmtree(root, ignore_errors=True)
     with DirLock(root, "quickstart"):
-        _check_settings(root, {"budget": budget, **asdict(b), "device": device})
-        return _run(root, budget, b, device)
+        _check_settings(root, {"budget": budget, **asdict(b), "device": device,
+                               "serve_temperature": serve_temperature})  # fmt: skip
+        return _run(root, budget, b, device, _serve_temperature(serve_temperature))
 
 
 def _check_settings(root: Path, settings: dict) -> None:
@@ -227,30 +236,36 @@ def _check_settings(root: Path, settings: dict) -> None:
     atomic_write_text(f, json.dumps(settings, indent=1))
 
 
-def _run(root: Path, budget: str, b: Budget, device: str) -> int:
+def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float, float, str]) -> int:
     """The stages, each skipping the work already complete, then the summary."""
     from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
     from specdraft.export import export
     from specdraft.model.checkpoint import latest_checkpoint
-    from specdraft.train.config import TrainConfig
+    from specdraft.train.config import TrainConfig, loss_for_serving
     from specdraft.train.loop import train
 
     clock = _Timings(root)
+    t, top_p, source = serve_at
     ds_dir, hs_dir = _data_stages(root, b, device, clock)
 
     # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
     train_dir = root / "train"
     final = train_dir / "final"
     done = (final / "config.json").exists()
-    title = f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs)"
+    # bf16 autocast where the device computes it natively (1.5x fp32 here), the TV loss for a draft served at T >= 1
+    # (measured there: docs/experiments.md); a run begun keeps its own
+    begun = _read_json(train_dir / "train_settings.json").get("settings", {})
+    loss = begun.get("loss", loss_for_serving(t))
+    at = begun.get("serve_temperature", -1.0) if begun else t  # (-1: a run begun before the setting)
+    title = (f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs"
+             + (f", the TV loss: served at T={t:g})" if loss == "tv" else ")"))  # fmt: skip
     with clock.stage("train", title, done):
         if not done:
             # the budget sets every setting: train's own recipe (--recipe auto) is off
-            # bf16 autocast where the device computes it natively (1.4x fp32 here); a run begun keeps its own
-            tdtype = _read_json(train_dir / "train_settings.json").get("settings", {}).get("dtype")
             cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
                               max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
-                              val_fraction=0.05, val_every=100, device=device, dtype=tdtype or _fast_dtype(device),
+                              val_fraction=0.05, val_every=100, device=device,
+                              dtype=begun.get("dtype") or _fast_dtype(device), serve_temperature=at, loss=loss,
                               resume=latest_checkpoint(train_dir) is not None, recipe="off",
                               **b.train_recipe())  # fmt: skip
             train(str(hs_dir), str(train_dir), cfg)
@@ -286,8 +301,7 @@ def _run(root: Path, budget: str, b: Budget, device: str) -> int:
         title = f"serve in vLLM ({b.serve_prompts} MT-bench first turns batched, {b.batch1_prompts} at batch 1{inter})"
         with clock.stage("serve", title, (root / "serve" / SERVE_REPORT).exists()):
             served = _serve(root / "serve", exports["speculators"], b)
-        if b.serve_sampled and served:  # (nothing served greedy: nothing to serve sampled)
-            t, top_p, source = _serve_temperature()
+        if b.serve_sampled and served and t > 0:  # (nothing served greedy: nothing to serve sampled)
             title = (f"serve in vLLM at T={t:g} ({source}; {b.serve_draft_sample} drafting; {b.serve_prompts} "
                      f"first turns batched, {b.batch1_prompts} at batch 1)")  # fmt: skip
             with clock.stage("serve_sampled", title, (root / "serve_sampled" / SERVE_REPORT).exists()):
@@ -366,6 +380,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
         f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
         + (f", the small-run recipe ({flags(b.train_recipe())})" if b.recipe else "")
+        + (", the TV loss (served at T >= 1: --serve-temperature)" if _trained_loss(final) == "tv" else "")
         + "; `specdraft train` defaults to EAGLE-3's 32000 and 7, with this recipe under 500k scored tokens "
         "(--recipe auto) and 1e-4, 4096, cosine above",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
@@ -417,11 +432,13 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     return summary
 
 
-def _serve_temperature() -> tuple[float, float, str]:
-    """The temperature and top-p the embedded default is served at, and where they come from."""
+def _serve_temperature(named: float = -1.0) -> tuple[float, float, str]:
+    """The temperature and top-p the draft is served at, and where they come from: ``named`` (--serve-temperature;
+    -1: not named), else the embedded default's own (its generation_config, else 0.7)."""
     from specdraft.targets import default_sampling, read_generation_config, resolve_target_dir
 
-    return default_sampling(read_generation_config(resolve_target_dir(EMBEDDED_DEFAULT)))
+    t, top_p, source = default_sampling(read_generation_config(resolve_target_dir(EMBEDDED_DEFAULT)))
+    return (named, top_p, "--serve-temperature") if named >= 0 else (t, top_p, source)
 
 
 def _serve(out: Path, export_dir: Path, b: Budget, temperature: float = 0.0, top_p: float = 1.0) -> dict:
@@ -481,6 +498,11 @@ def _brief(d: dict) -> dict:
         "tokens_per_s": round(d["tokens_per_s"], 2),
         "lossless": d["lossless"]["ok"] if d["lossless"]["checked"] else None,
     }
+
+
+def _trained_loss(final: Path) -> str:
+    """The loss the final draft trained with ("" when its config does not say)."""
+    return _read_json(final / "config.json").get("train", {}).get("settings", {}).get("loss", "")
 
 
 def _train_dtype(train_dir: Path) -> str:

@@ -61,6 +61,8 @@ class TrainConfig:
     max_samples: int = 0  # use only the first N samples (0 = all)
     recipe: Literal["auto", "on", "off"] = "auto"
     """the small-run recipe (lr 1e-3, 512 tokens a step, constant, prompt loss, decay 0.5, Muon, 2 steps a batch, fc-init high, EMA 0.99), measured best on the scaling curve (DFlash: the same lr, tokens a step and schedule, block 4, 16 anchors): auto fills the settings not given under 500k scored tokens (and says which came from where), on fills them at any size, off never"""
+    serve_temperature: float = -1.0
+    """the temperature the draft will be served at (-1: not said): with the small-run recipe, 1 or more trains with the TV loss unless --loss is given (measured at T = 1 with probabilistic drafting; the soft KL wins at T = 0 and ties at 0.7: docs/experiments.md)"""
     lr: float = 1e-4  # peak learning rate (of AdamW, and of Muon: its updates scaled to AdamW's RMS)
     min_lr_ratio: float = 0.0  # final learning rate as a fraction of the peak
     schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
@@ -180,6 +182,10 @@ class TrainConfig:
             errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
         if self.recipe not in ("auto", "on", "off"):
             errs.append(f"--recipe must be auto, on or off, not {self.recipe!r}")
+        if self.serve_temperature != -1 and not 0 <= self.serve_temperature <= 2:
+            errs.append(
+                f"--serve-temperature must be -1 (not said) or in [0, 2], not {self.serve_temperature}"
+            )
         errs += tracker_problems(self.report_to)
         errs += init_problems(self)
         if self.max_length < 3:
@@ -284,6 +290,15 @@ FSDP_LEAVES = ("optimizer", "ema")
 FSDP_WHY = "neither shards yet: Muon orthogonalises whole matrices, the EMA is kept whole"
 # scored tokens: `--recipe auto` applies SMALL_RUN to smaller data (the curve's measured range)
 SMALL_RUN_BELOW = 500_000
+#: serving temperatures from which the small-run recipe trains an EAGLE-3 draft with the TV loss (1 - acceptance):
+#: measured at T = 1 with probabilistic drafting, two seeds (docs/experiments.md, "Served at a temperature")
+TV_FROM_TEMPERATURE = 1.0
+
+
+def loss_for_serving(temperature: float) -> str:
+    """The small-run recipe's loss for an EAGLE-3 draft served at ``temperature`` (-1: not said): ``tv`` from
+    TV_FROM_TEMPERATURE, else "" (the draft's own, the soft KL)."""
+    return "tv" if temperature >= TV_FROM_TEMPERATURE else ""
 
 
 def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: int = 1,
@@ -299,6 +314,8 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
     multiple of 512 that can (and the line says so; one process takes a longer sample as a batch of its own)."""
     from specdraft import runtime
 
+    if cfg.draft == "eagle3" and loss_for_serving(cfg.serve_temperature):  # a draft served at T >= 1
+        recipe = {**recipe, "loss": loss_for_serving(cfg.serve_temperature)}
     given = runtime.GIVEN if runtime.FROM_COMMAND_LINE else {}
     source = {
         k: given.get(k, "given") for k in recipe if k in given or getattr(cfg, k) != getattr(_DEFAULTS, k)
@@ -319,6 +336,8 @@ def with_recipe(cfg: TrainConfig, scored: int, recipe: dict = SMALL_RUN, world: 
                   f"{longest} tokens for each of {world} ranks)")  # fmt: skip
         fill["max_tokens"] = need
     why = "--recipe on" if cfg.recipe == "on" else f"{scored:,} scored tokens, under {SMALL_RUN_BELOW:,}"
+    if "loss" in fill:
+        why += f"; served at T={cfg.serve_temperature:g}: the TV loss"
     parts = [f"the small-run recipe ({why}): {flags(fill) or 'nothing left to fill'}{raised}"]
     for where in dict.fromkeys(source.values()):
         parts.append(f"{where}: {flags({k: getattr(cfg, k) for k, w in source.items() if w == where})}")
