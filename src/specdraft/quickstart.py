@@ -194,10 +194,10 @@ def quickstart(
             else 0.7). The quickstart serves again at it (0: greedy only), and from 1 the draft trains with the TV
             loss, which serves best there (docs/experiments.md, "Served at a temperature").
     """
-    if serve_temperature != -1 and not 0 <= serve_temperature <= 2:
-        raise ValueError(
-            f"--serve-temperature must be -1 (the target's own) or in [0, 2], not {serve_temperature}"
-        )
+    from specdraft.train.config import serve_temperature_problem
+
+    if serve_temperature_problem(serve_temperature):
+        raise ValueError(serve_temperature_problem(serve_temperature))
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
     b = BUDGETS[budget]
@@ -374,13 +374,18 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     report = json.loads((root / "eval" / REPORT_FILE).read_text())
     dman = json.loads((root / "dataset" / MANIFEST_FILE).read_text())
     xman = json.loads(next((root / "hidden_states").glob("manifest-*.json")).read_text())
+    trained = json.loads((final / "config.json").read_text()).get("train", {})  # the final draft's record
     summary = {
         "target": EMBEDDED_DEFAULT,
         "budget": {"name": budget, **asdict(b)},
         "library_defaults_differ": f"quickstart uses draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT "
         f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
         + (f", the small-run recipe ({flags(b.train_recipe())})" if b.recipe else "")
-        + (", the TV loss (served at T >= 1: --serve-temperature)" if _trained_loss(final) == "tv" else "")
+        + (
+            ", the TV loss (served at T >= 1: --serve-temperature)"
+            if trained.get("settings", {}).get("loss") == "tv"
+            else ""
+        )
         + "; `specdraft train` defaults to EAGLE-3's 32000 and 7, with this recipe under 500k scored tokens "
         "(--recipe auto) and 1e-4, 4096, cosine above",
         "data": {k: dman[k] for k in ("num_samples", "num_tokens", "num_loss_tokens")},
@@ -390,7 +395,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
             "extract": xman.get("compute_dtype", "float32"),
             "train": _train_dtype(root / "train"),
         },
-        "train": json.loads((final / "config.json").read_text()).get("train", {}),
+        "train": trained,
         "eval": {
             "trained": _brief(report["drafts"][str(final)]),
             "untrained": _brief(report["drafts"][UNTRAINED]),
@@ -498,11 +503,6 @@ def _brief(d: dict) -> dict:
         "tokens_per_s": round(d["tokens_per_s"], 2),
         "lossless": d["lossless"]["ok"] if d["lossless"]["checked"] else None,
     }
-
-
-def _trained_loss(final: Path) -> str:
-    """The loss the final draft trained with ("" when its config does not say)."""
-    return _read_json(final / "config.json").get("train", {}).get("settings", {}).get("loss", "")
 
 
 def _train_dtype(train_dir: Path) -> str:

@@ -182,10 +182,7 @@ class TrainConfig:
             errs.append("--tensor-parallel-size and --prefetch-depth must be at least 1")
         if self.recipe not in ("auto", "on", "off"):
             errs.append(f"--recipe must be auto, on or off, not {self.recipe!r}")
-        if self.serve_temperature != -1 and not 0 <= self.serve_temperature <= 2:
-            errs.append(
-                f"--serve-temperature must be -1 (not said) or in [0, 2], not {self.serve_temperature}"
-            )
+        errs += [e for e in [serve_temperature_problem(self.serve_temperature)] if e]
         errs += tracker_problems(self.report_to)
         errs += init_problems(self)
         if self.max_length < 3:
@@ -293,6 +290,13 @@ SMALL_RUN_BELOW = 500_000
 #: serving temperatures from which the small-run recipe trains an EAGLE-3 draft with the TV loss (1 - acceptance):
 #: measured at T = 1 with probabilistic drafting, two seeds (docs/experiments.md, "Served at a temperature")
 TV_FROM_TEMPERATURE = 1.0
+
+
+def serve_temperature_problem(temperature: float) -> str:
+    """--serve-temperature out of range, with the fix ("" when fine): -1 (not said) or in [0, 2]."""
+    if temperature != -1 and not 0 <= temperature <= 2:
+        return f"--serve-temperature must be -1 (not said: the target's own) or in [0, 2], not {temperature}"
+    return ""
 
 
 def loss_for_serving(temperature: float) -> str:
