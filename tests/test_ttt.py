@@ -220,6 +220,34 @@ def test_teacher_marks_out_of_vocabulary_argmax():
     torch.testing.assert_close(logits, final[..., KEEP])
 
 
+def test_teacher_under_bf16_autocast_equals_autocasts_own_cast_of_lm_head():
+    """The teacher casts lm_head once for bf16 autocast (autocast would cast it at every call): the same logits and
+    argmax to the bit as F.linear under autocast, and fp32 outside autocast."""
+    g = torch.Generator().manual_seed(0)
+    head = nn.Linear(16, 40, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(40, 16, generator=g))
+        head.bias.copy_(torch.randn(40, generator=g))
+    keep = torch.zeros(40, dtype=torch.bool)
+    keep[::3] = True
+    teacher = TeacherHead(
+        SimpleNamespace(norm=nn.Identity(), lm_head=head, logit_softcap=None), keep, chunk_elems=80
+    )
+    z = torch.randn(2, 9, 16, generator=g)
+    for _ in range(2):  # the second call reuses the cast
+        with torch.autocast("cpu", torch.bfloat16):
+            logits, top = teacher(z)
+            full = torch.nn.functional.linear(z, head.weight, head.bias).float()  # autocast's own cast
+        assert torch.equal(logits, full[..., keep])
+        assert torch.equal(
+            top, torch.where(keep[full.argmax(-1)], torch.cumsum(keep.long(), 0)[full.argmax(-1)] - 1, -1)
+        )
+    assert teacher._weight_cast[0].dtype == torch.bfloat16
+    logits32, _ = teacher(z)  # outside autocast: lm_head as it is
+    assert logits32.dtype == torch.float32
+    torch.testing.assert_close(logits32, head(z).detach()[..., keep])  # (chunked: float noise of the matmul)
+
+
 @pytest.mark.parametrize("oov_mask", [True, False])
 def test_out_of_vocabulary_positions_are_dropped_and_scored_against_full_argmax(monkeypatch, oov_mask):
     """T = 6, K = 2, loss mask on tokens 1..5. Step i, slot t predicts token t+2+i from teacher t+1+i.
