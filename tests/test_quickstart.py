@@ -55,9 +55,14 @@ def test_tiny_quickstart_end_to_end_from_the_cli(tmp_path):
     # trained on the target's own replies (regenerated), counted by stop reason
     regen = json.loads((tmp_path / "qs" / "regenerated" / "regenerate.json").read_text())
     assert regen["done"] and sum(regen["totals"]["replies"].values()) >= s["data"]["num_samples"]
-    tr, un = s["eval"]["trained"], s["eval"]["untrained"]
-    assert tr["lossless"] is True and un["lossless"] is True  # greedy speculative output == target alone
-    assert tr["tau"] >= 1.0 and un["tau"] >= 1.0 and len(tr["acceptance_per_position"]) == 3
+    tr, ag = s["eval"]["trained"], s["eval"]["agreement"]
+    assert tr["lossless"] is True  # greedy speculative output == target alone
+    assert tr["tau"] >= 1.0 and len(tr["acceptance_per_position"]) == 3
+    # the untrained draft's figure is training's validation at step 0 (no decode of it)
+    assert ag["steps"] == [0, s["train"]["steps"]] and len(ag["untrained"]) == len(ag["trained"]) == 3
+    assert list(json.loads((tmp_path / "qs" / "eval" / "report.json").read_text())["drafts"]) == [
+        str(tmp_path / "qs" / "train" / "final")
+    ]
     assert s["train"]["steps"] > 0 and all(0 <= a <= 1 for a in s["train"]["val"]["acc"])
     assert (tmp_path / "qs" / "export" / "speculators" / "config.json").exists()
     if s["serve"] is not None:  # vLLM installed: the export served, batched and at batch 1, lossless
@@ -117,6 +122,22 @@ def test_a_rerun_after_an_interrupted_first_checkpoint_starts_training_instead_o
     with pytest.raises(Stop):
         Q.quickstart(out=str(root), budget="tiny")
     assert seen == {"resume": False}
+
+
+def test_the_agreement_before_and_after_training_is_read_from_the_validation_records(tmp_path):
+    recs = [{"split": "val", "step": 0, "acc": [0.0184, 0.01, 0.02], "tokens": 70},
+            {"split": "train", "step": 1, "acc": [0.5, 0.5, 0.5]},
+            {"split": "val", "step": 100, "acc": [0.2, 0.1, 0.1], "tokens": 70},
+            {"split": "val", "step": 200, "acc": [0.3214, 0.25, 0.2], "tokens": 70}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    ag = Q._agreement(tmp_path)
+    assert ag == {
+        "untrained": [0.018, 0.01, 0.02],
+        "trained": [0.321, 0.25, 0.2],
+        "steps": [0, 200],
+        "tokens": 70,
+    }
+    assert Q._agreement(tmp_path / "none") == {}  # no validation: the summary leaves the row out
 
 
 def test_the_summary_places_the_run_on_the_measured_curve():

@@ -1,7 +1,7 @@
 """quickstart: the whole pipeline on the embedded default (SmolLM2-135M-Instruct) with real conversations.
 
 regenerate (ShareGPT user turns, the target's own replies: on-policy data) -> prepare -> extract -> train
--> eval on MT-bench (trained vs untrained draft, lossless check) -> export (speculators + eagle3) -> serve the
+-> eval on MT-bench (the trained draft in the reference decoder, lossless check) -> export (speculators + eagle3) -> serve the
 export in vLLM (when installed: tau, tokens/s with and without the draft, batched and at batch 1), greedily and at
 the temperature the target is served at (its generation_config's, else 0.7) -> a summary table and plots. Every stage skips work already complete
 (prepare and eval by their outputs, extract shard by shard, train from its newest checkpoint), so an
@@ -34,6 +34,7 @@ from specdraft.train.config import SMALL_RUN as TRAIN_RECIPE
 from specdraft.train.config import flags
 
 SETTINGS_FILE = "quickstart.json"  # the budget and device of the run in this directory
+VAL_EVERY = 300  # training's validation (6.4 s here): steps 0, 300, 600 and the last
 TIMES_FILE = "timings.json"  # seconds each stage worked, summed over the runs that did its work
 
 
@@ -89,7 +90,8 @@ BUDGETS = {
     # default: what a fresh clone's 30 minutes on 2 cores buy, chosen from the measured scaling curve
     # (docs/experiments.md, "The quickstart's budget"): ~142k ShareGPT reply tokens (240 conversations,
     # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
-    # fewer regenerated ones); 8 reference-decoder prompts (vLLM serves all 80). Two epochs at the recipe's
+    # fewer regenerated ones); 4 reference-decoder prompts, its lossless check and round costs (vLLM serves all 80
+    # for tau). Two epochs at the recipe's
     # two steps a batch with AdamW for its Muon: per token Muon trains better, but its Newton-Schulz is a third
     # of a CPU step; AdamW's two epochs reach 1.357 and 1.355 (two seeds) in the time Muon's reach 1.341 at one
     # step a batch (issue 45, benchmarks/draft_quality.py arms kl+epochs2 and kl+muon+epochs2+spb1)
@@ -99,7 +101,7 @@ BUDGETS = {
         2,
         8192,
         3,
-        8,
+        4,
         64,
         3,
         0,
@@ -238,7 +240,7 @@ def _check_settings(root: Path, settings: dict) -> None:
 
 def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float, float, str]) -> int:
     """The stages, each skipping the work already complete, then the summary."""
-    from specdraft.eval.reference import REPORT_FILE, UNTRAINED, evaluate_report
+    from specdraft.eval.reference import REPORT_FILE, evaluate_report
     from specdraft.export import export
     from specdraft.model.checkpoint import latest_checkpoint
     from specdraft.train.config import TrainConfig, loss_for_serving
@@ -246,7 +248,7 @@ def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float,
 
     clock = _Timings(root)
     t, top_p, source = serve_at
-    ds_dir, hs_dir = _data_stages(root, b, device, clock)
+    _, hs_dir = _data_stages(root, b, device, clock)
 
     # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
     train_dir = root / "train"
@@ -264,13 +266,14 @@ def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float,
             # the budget sets every setting: train's own recipe (--recipe auto) is off
             cfg = TrainConfig(draft_vocab_size=b.draft_vocab_size, ttt_steps=b.ttt_steps, epochs=b.epochs, lr=b.lr,
                               max_tokens=b.max_tokens, schedule=b.schedule, checkpoint_every=50,
-                              val_fraction=0.05, val_every=100, device=device,
+                              val_fraction=0.05, val_every=VAL_EVERY, device=device,
                               dtype=begun.get("dtype") or _fast_dtype(device), serve_temperature=at, loss=loss,
                               resume=latest_checkpoint(train_dir) is not None, recipe="off",
                               **b.train_recipe())  # fmt: skip
             train(str(hs_dir), str(train_dir), cfg)
 
-    # 4. eval: speculative decoding on MT-bench, trained vs untrained draft, lossless check
+    # 4. eval: speculative decoding on MT-bench in the reference decoder, lossless check (the untrained draft's
+    # figure is training's own validation at step 0: a decode of it cost a minute to show tau 1.000)
     eval_dir = root / "eval"
     done = (eval_dir / REPORT_FILE).exists()
     title = (
@@ -278,9 +281,8 @@ def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float,
     )
     with clock.stage("eval", title, done):
         if not done:
-            evaluate_report([str(final), UNTRAINED], target=EMBEDDED_DEFAULT, prompts="mtbench", turns=1,
-                            max_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens, k=b.k,
-                            counts=str(ds_dir), draft_vocab_size=b.draft_vocab_size, device=device,
+            evaluate_report([str(final)], target=EMBEDDED_DEFAULT, prompts="mtbench", turns=1,
+                            max_prompts=b.eval_prompts, max_new_tokens=b.max_new_tokens, k=b.k, device=device,
                             out=str(eval_dir))  # fmt: skip
 
     # 5. export: a vLLM (speculators) and an SGLang/vLLM (eagle3) checkpoint
@@ -357,15 +359,17 @@ def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[P
     xdtype = next((m["compute_dtype"] for m in manifests if m.get("compute_dtype")), _fast_dtype(device))
     with clock.stage("extract", f"extract (target prefill in {xdtype}, hidden states of layers 2, 15, 27 and 30)",
                      done):  # fmt: skip
+        # 1024 padded tokens a forward: a long conversation alone, without a padding mask (on this CPU 1.2x the
+        # speed of 2048's padded pairs: docs/experiments.md, "The quickstart's minutes")
         extract(str(ds_dir), str(hs_dir), target=EMBEDDED_DEFAULT, device=device, dtype=xdtype,
-                samples_per_shard=16, max_tokens_per_batch=2048)  # fmt: skip
+                samples_per_shard=16, max_tokens_per_batch=1024)  # fmt: skip
     return ds_dir, hs_dir
 
 
 def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict | None, exports: dict) -> dict:
     """summary.json from the stages' outputs, printed as a table with the serve commands; returns it."""
     from specdraft.data.prepare import MANIFEST_FILE
-    from specdraft.eval.reference import REPORT_FILE, UNTRAINED
+    from specdraft.eval.reference import REPORT_FILE
     from specdraft.eval.report import summary_lines
     from specdraft.export import installed_forms, named_hub_id, serve_commands, serve_notes
     from specdraft.targets import resolve_target_dir
@@ -398,7 +402,8 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         "train": trained,
         "eval": {
             "trained": _brief(report["drafts"][str(final)]),
-            "untrained": _brief(report["drafts"][UNTRAINED]),
+            # the draft before and after training: top-1 agreement with the target per TTT step, on validation
+            "agreement": _agreement(root / "train"),
             "baseline_tokens_per_s": report["baseline"]["tokens_per_s"],
         },
         "serve": served,
@@ -505,6 +510,24 @@ def _brief(d: dict) -> dict:
     }
 
 
+def _agreement(train_dir: Path) -> dict:
+    """The draft's top-1 agreement with the target per TTT step on the validation samples, untrained (step 0) and
+    trained (the last step), from training's metrics.jsonl; {} where it holds no validation."""
+    from specdraft.train.report.metrics import METRICS_FILE
+
+    f = train_dir / METRICS_FILE
+    val = (
+        [r for r in map(json.loads, f.read_text().splitlines()) if r.get("split") == "val"]
+        if f.exists()
+        else []
+    )
+    if not val:
+        return {}
+    first, last = min(val, key=lambda r: r["step"]), max(val, key=lambda r: r["step"])
+    return {"untrained": [round(a, 3) for a in first["acc"]], "trained": [round(a, 3) for a in last["acc"]],
+            "steps": [first["step"], last["step"]], "tokens": last.get("tokens")}  # fmt: skip
+
+
 def _train_dtype(train_dir: Path) -> str:
     """The dtype training ran in: its settings file's, `auto` as it resolved."""
     rec = _read_json(train_dir / "train_settings.json")
@@ -513,7 +536,7 @@ def _train_dtype(train_dir: Path) -> str:
 
 
 def _table(s: dict) -> str:
-    tr, un = s["eval"]["trained"], s["eval"]["untrained"]
+    tr, ag = s["eval"]["trained"], s["eval"].get("agreement") or {}
     val = s["train"].get("val", {}) if isinstance(s["train"], dict) else {}
     rows = [
         ("data", f"{s['data']['num_samples']} conversations, {s['data']['num_tokens']} tokens "
@@ -522,11 +545,12 @@ def _table(s: dict) -> str:
         ("training", f"{s['seconds']['train']:.0f} s, {s['train'].get('steps', '?')} steps, "
                      f"{s['compute_dtype']['train']}, val {_fmt_val(val)}"),
         ("on the curve", curve_position(s["data"]["num_loss_tokens"], s["budget"]["epochs"])),
-        ("tau (trained)", f"{tr['tau']:.3f}   acceptance per position {tr['acceptance_per_position']}"),
-        ("tau (untrained)", f"{un['tau']:.3f}   acceptance per position {un['acceptance_per_position']}"),
-        ("speedup", f"x{tr['speedup']:.2f} trained, x{un['speedup']:.2f} untrained "
-                    f"(target alone {s['eval']['baseline_tokens_per_s']:.1f} tok/s)"),
-        ("lossless (T=0)", "yes" if tr["lossless"] and un["lossless"] else "NO"),
+        *([("agreement (val)", f"top-1 with the target per TTT step {ag['untrained']} untrained -> {ag['trained']} "
+                                f"trained ({ag['tokens']} validation tokens)")] if ag else []),
+        ("tau (reference)", f"{tr['tau']:.3f}   acceptance per position {tr['acceptance_per_position']} "
+                            f"({s['budget']['eval_prompts']} prompts, specdraft's own decoder)"),
+        ("speedup", f"x{tr['speedup']:.2f} (target alone {s['eval']['baseline_tokens_per_s']:.1f} tok/s)"),
+        ("lossless (T=0)", "yes" if tr["lossless"] else "NO"),
         *_serve_rows(s.get("serve")),
         ("settings", s["library_defaults_differ"]),
         ("total time", f"{s['seconds']['total']:.0f} s ({', '.join(f'{k} {v:.0f}s' for k, v in s['seconds'].items() if k != 'total')})"),
