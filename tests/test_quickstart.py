@@ -249,7 +249,7 @@ def test_the_serving_temperature_picks_the_loss_and_a_changed_one_is_refused(tmp
     monkeypatch.setattr(
         Q, "_serve_temperature", lambda named=-1.0: (named, 1.0, "x") if named >= 0 else (0.7, 1.0, "y")
     )
-    for name, at, want in [("t1", 1.0, {"loss": "tv", "at": 1.0}), ("own", -1.0, {"loss": "", "at": 0.7})]:
+    for name, at, want in [("t1", 1.0, {"loss": "nla", "at": 1.0}), ("own", -1.0, {"loss": "", "at": 0.7})]:
         root = tmp_path / name
         (root / "dataset").mkdir(parents=True)
         (root / "dataset" / "manifest.json").write_text('{"num_samples": 1}')

@@ -56,13 +56,14 @@ def test_on_fills_in_what_was_not_given_at_any_size_and_leaves_ema_out_under_fsd
     )
 
 
-def test_a_draft_served_at_t1_trains_with_the_tv_loss_unless_a_loss_is_given(monkeypatch):
-    """--serve-temperature 1 (or more): the recipe's loss is TV (measured at T = 1); below 1, or not said, the
+def test_a_draft_served_at_t1_trains_with_the_nla_loss_unless_a_loss_is_given(monkeypatch):
+    """--serve-temperature 1 (or more): the recipe's loss is NLA (measured best at T = 1); below 1, or not said, the
     draft's own soft KL; a --loss given wins; a DFlash draft keeps its own recipe."""
     from specdraft import runtime
 
-    got, said = with_recipe(replace(DEFAULTS, serve_temperature=1.0), 80_000)
-    assert got.loss == "tv" and "served at T=1: the TV loss" in said and "--loss tv" in said
+    for t in (1.0, 1.5):
+        got, said = with_recipe(replace(DEFAULTS, serve_temperature=t), 80_000)
+        assert got.loss == "nla" and f"served at T={t:g}: the NLA loss" in said and "--loss nla" in said
     for t in (-1.0, 0.0, 0.7):
         got, said = with_recipe(replace(DEFAULTS, serve_temperature=t), 80_000)
         assert got.loss == "" and "--loss" not in said

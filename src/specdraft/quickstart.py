@@ -193,7 +193,7 @@ def quickstart(
         device: auto (cuda when CUDA is available, else cpu), cpu or cuda[:N] (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
         serve_temperature: the temperature you will serve the draft at (-1: the target's own, its generation_config's,
-            else 0.7). The quickstart serves again at it (0: greedy only), and from 1 the draft trains with the TV
+            else 0.7). The quickstart serves again at it (0: greedy only), and from 1 the draft trains with the NLA
             loss, which serves best there (docs/experiments.md, "Served at a temperature").
     """
     from specdraft.train.config import serve_temperature_problem
@@ -254,13 +254,13 @@ def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float,
     train_dir = root / "train"
     final = train_dir / "final"
     done = (final / "config.json").exists()
-    # bf16 autocast where the device computes it natively (1.5x fp32 here), the TV loss for a draft served at T >= 1
+    # bf16 autocast where the device computes it natively (1.5x fp32 here), the NLA loss for a draft served at T >= 1
     # (measured there: docs/experiments.md); a run begun keeps its own
     begun = _read_json(train_dir / "train_settings.json").get("settings", {})
     loss = begun.get("loss", loss_for_serving(t))
     at = begun.get("serve_temperature", -1.0) if begun else t  # (-1: a run begun before the setting)
     title = (f"train (draft vocabulary {b.draft_vocab_size}, {b.ttt_steps} TTT steps, {b.epochs} epochs"
-             + (f", the TV loss: served at T={t:g})" if loss == "tv" else ")"))  # fmt: skip
+             + (f", the {loss.upper()} loss: served at T={t:g})" if loss else ")"))  # fmt: skip
     with clock.stage("train", title, done):
         if not done:
             # the budget sets every setting: train's own recipe (--recipe auto) is off
@@ -386,8 +386,8 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
         f"steps, lr {b.lr:g}, {b.max_tokens} tokens a step, {b.schedule} lr"
         + (f", the small-run recipe ({flags(b.train_recipe())})" if b.recipe else "")
         + (
-            ", the TV loss (served at T >= 1: --serve-temperature)"
-            if trained.get("settings", {}).get("loss") == "tv"
+            f", the {trained['settings']['loss'].upper()} loss (served at T >= 1: --serve-temperature)"
+            if trained.get("settings", {}).get("loss") not in (None, "", "kl")
             else ""
         )
         + "; `specdraft train` defaults to EAGLE-3's 32000 and 7, with this recipe under 500k scored tokens "
