@@ -87,16 +87,17 @@ BUDGETS = {
     "tiny": Budget(
         48, 256, 1, 4096, 3, 4, 32, 3, 48, 4, 2, 1e-3, 2048, "cosine"
     ),  # a smoke run, a few minutes
-    # default: what a fresh clone's 30 minutes on 2 cores buy, chosen from the measured scaling curve
-    # (docs/experiments.md, "The quickstart's budget"): ~142k ShareGPT reply tokens (240 conversations,
-    # <= 1024 tokens) with the small-run recipe; no regeneration (at equal time, new ShareGPT tokens beat
+    # default: what a fresh clone's 20 minutes on 2 cores buy (issue 57; 30 before: 240 conversations, 3 batch-1
+    # rounds), chosen from the measured scaling curve (docs/experiments.md, "The quickstart's budget"): ~118k ShareGPT
+    # reply tokens (200 conversations, <= 1024 tokens; the curve's price of 240 -> 200: -0.013 tau) with the small-run
+    # recipe; no regeneration (at equal time, new ShareGPT tokens beat
     # fewer regenerated ones); 4 reference-decoder prompts, its lossless check and round costs (vLLM serves all 80
     # for tau). Two epochs at the recipe's
     # two steps a batch with AdamW for its Muon: per token Muon trains better, but its Newton-Schulz is a third
     # of a CPU step; AdamW's two epochs reach 1.357 and 1.355 (two seeds) in the time Muon's reach 1.341 at one
     # step a batch (issue 45, benchmarks/draft_quality.py arms kl+epochs2 and kl+muon+epochs2+spb1)
     "default": Budget(
-        240,
+        200,
         1024,
         2,
         8192,
@@ -111,7 +112,7 @@ BUDGETS = {
         512,
         "constant",
         True,
-        3,
+        2,
         0,
         "adamw",
         serve_dist_samples=100,
