@@ -117,8 +117,9 @@ BUDGETS = {
         "adamw",
         serve_dist_samples=100,
     ),
-    # 22.8 min with the sampled serve from a fresh clone here, extraction and training in bf16 (2026-12-07: vLLM tau
-    # 1.356 at T = 0, 1.366 at T = 0.7 with the distribution kept; docs/experiments.md, "bf16 on the CPU")
+    # 19.5 min of stages from a fresh clone here, the sampled serve included, extraction and training in bf16
+    # (2026-12-07: vLLM tau 1.345 at T = 0 and at T = 0.7 with the distribution kept, batch 1 x1.14 at T = 0;
+    # docs/experiments.md, "The quickstart's minutes")
     "large": Budget(2000, 1024, 3, 16384, 5, 80, 128, 5, 512, 80, 16, 1e-3, 2048, "cosine"),  # hours on CPU
 }
 
@@ -190,7 +191,7 @@ def quickstart(
 
     Args:
         out: working directory of the run (every stage writes a subdirectory).
-        budget: `tiny` (smoke test), `default` (under 30 min on a 2-core CPU) or `large`.
+        budget: `tiny` (smoke test), `default` (under 20 min of stages on a 2-core CPU) or `large`.
         device: auto (cuda when CUDA is available, else cpu), cpu or cuda[:N] (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
         serve_temperature: the temperature you will serve the draft at (-1: the target's own, its generation_config's,
