@@ -200,8 +200,9 @@ def quickstart(
     """
     from specdraft.train.config import serve_temperature_problem
 
-    if serve_temperature_problem(serve_temperature):
-        raise ValueError(serve_temperature_problem(serve_temperature))
+    problem = serve_temperature_problem(serve_temperature)
+    if problem:
+        raise ValueError(problem)
     if budget not in BUDGETS:
         raise ValueError(f"--budget must be one of {sorted(BUDGETS)}, not {budget!r}")
     b = BUDGETS[budget]
