@@ -215,7 +215,7 @@ def quickstart(
     with DirLock(root, "quickstart"):
         _check_settings(root, {"budget": budget, **asdict(b), "device": device,
                                "serve_temperature": serve_temperature})  # fmt: skip
-        return _run(root, budget, b, device, _serve_temperature(serve_temperature))
+        return _run(root, budget, b, device, serve_temperature)
 
 
 def _check_settings(root: Path, settings: dict) -> None:
@@ -241,16 +241,20 @@ def _check_settings(root: Path, settings: dict) -> None:
     atomic_write_text(f, json.dumps(settings, indent=1))
 
 
-def _run(root: Path, budget: str, b: Budget, device: str, serve_at: tuple[float, float, str]) -> int:
+def _run(root: Path, budget: str, b: Budget, device: str, serve_temperature: float) -> int:
     """The stages, each skipping the work already complete, then the summary."""
     from specdraft.eval.reference import REPORT_FILE, evaluate_report
     from specdraft.export import export
     from specdraft.model.checkpoint import latest_checkpoint
+    from specdraft.targets import resolve_target_dir
     from specdraft.train.config import TrainConfig, loss_for_serving
     from specdraft.train.loop import train
 
     clock = _Timings(root)
-    t, top_p, source = serve_at
+    # 0. the embedded default's GGUF -> HF conversion, once per machine (cached: every stage after reuses it)
+    done = resolve_target_dir(EMBEDDED_DEFAULT) is not None
+    with clock.stage("convert", "convert the embedded default (GGUF -> Hugging Face, once per machine)", done):
+        t, top_p, source = _serve_temperature(serve_temperature)
     _, hs_dir = _data_stages(root, b, device, clock)
 
     # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
@@ -431,7 +435,7 @@ def _summarize(root: Path, budget: str, b: Budget, seconds: dict, served: dict |
     if served:
         print("\n".join(served.get("lines", []) + served.get("sampled", {}).get("lines", [])))
     print("\nserve the draft:")
-    target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT))
+    target_dir = str(resolve_target_dir(EMBEDDED_DEFAULT, convert=True))
     # the hub id the speculators export names: then `vllm serve EXPORT` works on every release
     hub = named_hub_id(exports["speculators"])
     cmds = serve_commands(target_dir, str(exports["speculators"]), str(exports["eagle3"]), b.k, hub=hub)
@@ -450,7 +454,8 @@ def _serve_temperature(named: float = -1.0) -> tuple[float, float, str]:
     -1: not named), else the embedded default's own (its generation_config, else 0.7)."""
     from specdraft.targets import default_sampling, read_generation_config, resolve_target_dir
 
-    t, top_p, source = default_sampling(read_generation_config(resolve_target_dir(EMBEDDED_DEFAULT)))
+    target_dir = resolve_target_dir(EMBEDDED_DEFAULT, convert=True)  # (a new machine's first call converts)
+    t, top_p, source = default_sampling(read_generation_config(target_dir))
     return (named, top_p, "--serve-temperature") if named >= 0 else (t, top_p, source)
 
 
