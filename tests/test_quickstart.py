@@ -226,7 +226,7 @@ def test_extract_and_train_compute_in_bf16_where_native_and_a_stage_begun_keeps_
 
 
 def test_the_serving_temperature_picks_the_loss_and_a_changed_one_is_refused(tmp_path, monkeypatch):
-    """--serve-temperature 1: the draft trains with the TV loss (measured best there); not named: the target's own
+    """--serve-temperature 1: the draft trains with the NLA loss (measured best there); not named: the target's own
     (SmolLM2 names none: 0.7) and the soft KL; another temperature on the same run is refused with the fix."""
     import specdraft.capture.extract as X
     import specdraft.data.prepare as P
@@ -260,3 +260,24 @@ def test_the_serving_temperature_picks_the_loss_and_a_changed_one_is_refused(tmp
         Q.quickstart(out=str(tmp_path / "t1"), budget="tiny", device="cpu", serve_temperature=0.6)
     with pytest.raises(ValueError, match=r"--serve-temperature must be -1 .* in \[0, 2\]"):
         Q.quickstart(out=str(tmp_path / "t1"), budget="tiny", device="cpu", serve_temperature=5)
+
+
+def test_a_new_machine_converts_the_embedded_default_before_reading_its_serving_temperature(tmp_path, monkeypatch):
+    """On a machine that never converted the embedded default, the quickstart read its generation_config from
+    None and crashed before its first stage: the conversion is now its first (timed) stage."""
+    from specdraft import targets
+
+    made = []
+
+    def convert(gguf, out, what):  # the real one takes ~10 s; this one writes what it would
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        (out / "generation_config.json").write_text('{"temperature": 0.3, "top_p": 0.9}')
+        made.append(out)
+        return out
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(targets, "_convert_gguf", convert)
+    assert targets.resolve_target_dir(targets.EMBEDDED_DEFAULT) is None  # a new machine
+    assert Q._serve_temperature() == (0.3, 0.9, "the target's generation_config")
+    assert Q._serve_temperature(1.0) == (1.0, 0.9, "--serve-temperature") and len(made) == 1
