@@ -262,7 +262,9 @@ def test_the_serving_temperature_picks_the_loss_and_a_changed_one_is_refused(tmp
         Q.quickstart(out=str(tmp_path / "t1"), budget="tiny", device="cpu", serve_temperature=5)
 
 
-def test_a_new_machine_converts_the_embedded_default_before_reading_its_serving_temperature(tmp_path, monkeypatch):
+def test_a_new_machine_converts_the_embedded_default_before_reading_its_serving_temperature(
+    tmp_path, monkeypatch
+):
     """On a machine that never converted the embedded default, the quickstart read its generation_config from
     None and crashed before its first stage: the conversion is now its first (timed) stage."""
     from specdraft import targets
@@ -281,3 +283,13 @@ def test_a_new_machine_converts_the_embedded_default_before_reading_its_serving_
     assert targets.resolve_target_dir(targets.EMBEDDED_DEFAULT) is None  # a new machine
     assert Q._serve_temperature() == (0.3, 0.9, "the target's generation_config")
     assert Q._serve_temperature(1.0) == (1.0, 0.9, "--serve-temperature") and len(made) == 1
+
+
+def test_a_cpu_without_native_bf16_is_told_its_stages_run_in_fp32_and_longer(monkeypatch):
+    import specdraft.runtime as R
+
+    monkeypatch.setattr(R, "bf16_native", lambda device: False)
+    assert "no native bf16" in Q._dtype_note("cpu") and "float32" in Q._dtype_note("cpu")
+    assert Q._dtype_note("cuda:0") == ""  # a GPU: nothing to say
+    monkeypatch.setattr(R, "bf16_native", lambda device: True)
+    assert Q._dtype_note("cpu") == ""

@@ -191,7 +191,8 @@ def quickstart(
 
     Args:
         out: working directory of the run (every stage writes a subdirectory).
-        budget: `tiny` (smoke test), `default` (under 20 min of stages on a 2-core CPU) or `large`.
+        budget: `tiny` (smoke test), `default` (under 20 min of stages on a 2-core CPU with native bf16, ~31
+            without) or `large`.
         device: auto (cuda when CUDA is available, else cpu), cpu or cuda[:N] (bf16 on GPU).
         fresh: delete the working directory first instead of resuming.
         serve_temperature: the temperature you will serve the draft at (-1: the target's own, its generation_config's,
@@ -253,8 +254,13 @@ def _run(root: Path, budget: str, b: Budget, device: str, serve_temperature: flo
     clock = _Timings(root)
     # 0. the embedded default's GGUF -> HF conversion, once per machine (cached: every stage after reuses it)
     done = resolve_target_dir(EMBEDDED_DEFAULT) is not None
-    with clock.stage("convert", "convert the embedded default (GGUF -> Hugging Face, once per machine)", done):
+    with clock.stage(
+        "convert", "convert the embedded default (GGUF -> Hugging Face, once per machine)", done
+    ):
         t, top_p, source = _serve_temperature(serve_temperature)
+    note = _dtype_note(device)
+    if note:
+        print(note, flush=True)
     _, hs_dir = _data_stages(root, b, device, clock)
 
     # 3. train: the EAGLE-3 draft with training-time test (resumes from its newest checkpoint)
@@ -327,6 +333,15 @@ def _fast_dtype(device: str) -> str:
     from specdraft.runtime import bf16_native
 
     return "bfloat16" if bf16_native(device) else "float32"
+
+
+def _dtype_note(device: str) -> str:
+    """A line for a CPU that computes bf16 only by emulation (extraction and training then run in fp32), else ''."""
+    if device != "cpu" or _fast_dtype(device) == "bfloat16":
+        return ""
+    return ("quickstart: this CPU has no native bf16 (AVX512-BF16 or AMX): extraction and training run in float32, "
+            "about 1.6x as long as on a CPU that has it (2 cores: 31 against 19.5 min of stages, docs/experiments.md, "
+            "\"The quickstart's minutes\")")  # fmt: skip
 
 
 def _data_stages(root: Path, b: Budget, device: str, clock: _Timings) -> tuple[Path, Path]:
