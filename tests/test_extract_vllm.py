@@ -21,8 +21,9 @@ import torch
 from conftest import needs_vllm, write_jsonl
 
 from specdraft.capture.extract import extract
+from specdraft.data.batching import token_batches
 from specdraft.data.prepare import DATASET_FILE, load_dataset, prepare, read_conversations, sharegpt_path
-from specdraft.data.store import ShardSet, manifest_name, verify
+from specdraft.data.store import ShardSet, manifest_name, plan_shards, verify
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, needs_vllm]
 
@@ -139,9 +140,28 @@ def _compare(ours: dict, ref: dict, label: str) -> None:
     assert pairs, "the dataset should hold distinct conversations of equal length"
     for a, b in pairs:
         assert _err(ours[a]["hidden"], ref[b]["hidden"]) > 100 * TOL, (a, b)
-    # duplicated conversations (served from one capture) carry identical states
+    # duplicated conversations in one engine call are served from one capture: identical states. In other calls
+    # they are computed again, in another batch: vLLM's CPU kernels are batch-invariant on some CPUs only (on an
+    # AVX2-only EPYC a duplicate captured in another call differed in the last bits), so those are held to the
+    # tolerance above
+    together = _same_capture(ref)
     for k, i in enumerate(DUPLICATES):
-        assert torch.equal(ours[6 + k]["hidden"], ours[i]["hidden"]), (6 + k, i)
+        if together[6 + k] == together[i]:
+            assert torch.equal(ours[6 + k]["hidden"], ours[i]["hidden"]), (6 + k, i)
+        else:
+            assert _err(ours[6 + k]["hidden"], ours[i]["hidden"]) < TOL, (6 + k, i)
+    assert any(together[6 + k] == together[i] for k, i in enumerate(DUPLICATES)), (
+        "no duplicate shares a capture"
+    )
+
+
+def _same_capture(ref: dict) -> dict[int, int]:
+    """Sample id -> the index of the engine call that captured it: extraction's own plan (shards, then token
+    batches within a shard) for EXTRACT's settings."""
+    lengths = {s: len(ref[s]["input_ids"]) for s in sorted(ref)}
+    calls = [b for shard in plan_shards(lengths, EXTRACT["samples_per_shard"])
+             for b in token_batches(shard, lengths, EXTRACT["max_tokens_per_batch"])]  # fmt: skip
+    return {s: c for c, batch in enumerate(calls) for s in batch}
 
 
 def test_vllm_in_process_equals_hf(vllm_in_process, hf_shards):
