@@ -143,9 +143,46 @@ def test_teacher_head_equals_target_logits_restricted(target):
     assert torch.equal(top, torch.where(draft.t2d[full], index[full], -1))
 
 
+def test_teacher_draft_logits_are_its_forwards_to_the_bit(target):
+    """`draft_logits` (lm_head's t2d rows alone: what a later epoch computes) is `forward`'s first output."""
+    teacher = TeacherHead(target, draft_of(target).t2d, chunk_elems=3 * target.vocab_size)
+    z = torch.randn(3, 7, target.hidden_size)
+    assert torch.equal(teacher.draft_logits(z), teacher(z)[0])
+    assert teacher.draft_logits(z[:0]).shape == (0, 7, teacher.draft_vocab_size)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the trainer
 # ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spb", [1, 2])
+def test_a_later_epoch_reuses_each_samples_teacher_argmax_and_trains_the_same(
+    tmp_path, data, monkeypatch, spb
+):
+    """The teacher's full-vocabulary argmax (its costly lm_head product) is computed once a sample: epoch 2 and
+    the validations after the first compute the draft-vocabulary logits only (train/tops.py). The weights and
+    every record equal those of a run that computes the full teacher every time."""
+    _, shards = data
+    c = cfg(epochs=2, steps_per_batch=spb, val_every=2)
+    full_calls: list[int] = []
+    forward = TeacherHead.forward
+    monkeypatch.setattr(TeacherHead, "forward", lambda self, z: full_calls.append(len(z)) or forward(self, z))
+    at_step: dict[int, int] = {}
+    monkeypatch.setattr(loop, "_after_step", lambda step: at_step.__setitem__(step, len(full_calls)))
+    kept = train(str(shards), str(tmp_path / "kept"), c)
+    n_kept = len(full_calls)
+    per_epoch = max(at_step) // 2
+    assert at_step[max(at_step)] == at_step[per_epoch]  # epoch 2 (and its validations): no full product
+    monkeypatch.setattr(loop, "TopCache", lambda: None)  # the teacher computed in full every time
+    full_calls.clear()
+    plain = train(str(shards), str(tmp_path / "plain"), c)
+    assert n_kept < len(full_calls)
+    a, b = load_draft(kept).state_dict(), load_draft(plain).state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ma, mb = metrics(tmp_path / "kept"), metrics(tmp_path / "plain")
+    assert [(r["step"], r["loss"], r["acc"]) for r in ma] == [(r["step"], r["loss"], r["acc"]) for r in mb]
 
 
 def test_train_offline_learns_and_writes_outputs(tmp_path, data):

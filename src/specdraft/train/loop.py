@@ -66,6 +66,7 @@ from specdraft.train.optim import make_optimizer
 from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.report.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup, warm_problems
+from specdraft.train.tops import TopCache
 from specdraft.train.ttt import (
     TeacherHead,
     TTTModel,
@@ -111,6 +112,9 @@ class _Run:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     info: dict  # settings, ranks, plan hash, provenance: recorded in every checkpoint's train_state.pt
     ema: list[torch.Tensor] = field(default_factory=list)  # --ema: the average of `params` (`_ema_update`)
+    # the teacher's argmax of each sample, kept from its first batch (shards only: online states are captured
+    # anew each epoch); None: computed every time
+    tops: TopCache | None = None
 
     @property
     def sharded(self) -> bool:
@@ -260,7 +264,8 @@ def _build(shards: str, out_dir: Path, cfg: TrainConfig) -> _Run:
     }
     ema = [p.detach().clone() for p in params] if cfg.ema else []  # the init: its weight is 0 (`ema_decay`)
     return _Run(cfg, out_dir, rank, world, device, amp_dtype, amp, st, batches0, per_epoch, total,
-                val_batches, model, wrapped, params, optimizer, scheduler, info, ema)  # fmt: skip
+                val_batches, model, wrapped, params, optimizer, scheduler, info, ema,
+                None if cfg.online else TopCache())  # fmt: skip
 
 
 _SAVE_OVERHEAD = 1 << 20  # bytes a save adds to its tensors, at most: headers, config.json, RNG states
@@ -364,14 +369,22 @@ class _Teacher:
     counts: torch.Tensor  # (3, K): loss-masked tokens (accuracy), KL tokens, out-of-vocabulary tokens
 
 
-def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp) -> _Teacher:
+def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp, tops: TopCache | None = None,
+             sids: list[int] | None = None) -> _Teacher:  # fmt: skip
     """Teacher probabilities and full-vocabulary argmax at the positions the loss reads (the next token is
     loss-masked; prompt and padding positions are skipped), the KL mask (EAGLE-3's `t2d[argmax]` with
-    --oov-mask), counts."""
+    --oov-mask), counts. With `tops` (and the rows' sample ids `sids`) an argmax computed before is reused: only
+    the draft-vocabulary logits are computed then (the same to the bit)."""
     K = cfg.ttt_steps
     need = teacher_positions(b.loss_mask)  # (B, T)
+    known = tops.known(sids, need) if tops is not None and sids is not None else None  # (N,) or None
     with torch.no_grad(), amp():
-        logits, top_n = teacher(b.final[need])  # (N, H) -> (N, Vd), (N,)
+        if known is not None:
+            logits, top_n = teacher.draft_logits(b.final[need]), known  # (N, H) -> (N, Vd), (N,)
+        else:
+            logits, top_n = teacher(b.final[need])  # (N, H) -> (N, Vd), (N,)
+            if tops is not None and sids is not None:
+                tops.keep(sids, need, top_n)
         logp = F.log_softmax(logits, dim=-1)  # (N, Vd) fp32
         p = logp.exp()  # (N, Vd)
         negent = (p * logp).sum(-1)  # (N,)
@@ -500,6 +513,7 @@ def _evaluate(
     amp,
     rank,
     world,
+    tops: TopCache | None = None,
 ) -> dict:
     """Validation: global means of the loss, per-step accuracy and out-of-vocabulary share over the val batches."""
     K = cfg.ttt_steps
@@ -507,7 +521,7 @@ def _evaluate(
     with torch.no_grad():
         for sids in batches:
             b = _to_device(load_rows(source, sids, rank, world, cfg.max_length), device)
-            t = _teacher(teacher, b, cfg, amp)
+            t = _teacher(teacher, b, cfg, amp, tops, sids[rank::world])
             with amp():
                 _, k_s, a_s = model(b.input_ids, b.aux, t.p, t.negent, t.top, t.row, b.loss_mask, t.kl_mask,
                                     torch.ones(K, device=device))  # fmt: skip
@@ -524,7 +538,7 @@ def _validate(run: _Run, log: MetricsLog, step: int, again: bool = False) -> dic
     if not run.val_batches:
         return None
     r = _evaluate(run.model, run.st.teacher, run.val_batches, run.st.source, run.cfg, run.device, run.amp,
-                  run.rank, run.world)  # fmt: skip
+                  run.rank, run.world, run.tops)  # fmt: skip
     if not again:
         log({"split": "val", "step": step, **r})
     if run.rank == 0:
@@ -743,7 +757,7 @@ def _train(run: _Run, ckpt: Path | None, state: dict | None = None) -> Path:
 
             # teacher: draft-vocabulary log-probs, full-vocabulary argmax, (3, K) global token counts per
             # TTT step (loss-masked, kept for the KL, out of the draft vocabulary)
-            t = _teacher(run.st.teacher, b, cfg, run.amp)
+            t = _teacher(run.st.teacher, b, cfg, run.amp, run.tops, sids[run.rank :: run.world])
             counts = _all_sum(t.counts)
 
             # forward: the K-step TTT unroll

@@ -53,8 +53,10 @@ from specdraft.train.losses import divergence
 class TeacherHead(nn.Module):
     """The target's frozen final norm + lm_head: z (B, T, H) -> draft-vocabulary logits and the full argmax.
 
-    The logits over the draft vocabulary equal `target.logits_from_final(z)[..., t2d]`; the full-vocabulary
-    logits are computed `chunk_tokens` positions at a time, only for their argmax (never all of (B, T, V)).
+    The logits over the draft vocabulary equal `target.logits_from_final(z)[..., t2d]`, computed by lm_head's
+    t2d rows alone (`draft_logits`, a (Vd, H) copy); the full-vocabulary logits are computed `chunk_elems` at a
+    time, only for their argmax (never all of (B, T, V)): the costly part, which a later epoch can skip where the
+    argmax is known (`train.tops.TopCache`).
     """
 
     def __init__(self, target, t2d: torch.Tensor, chunk_elems: int = 1 << 26):
@@ -80,6 +82,7 @@ class TeacherHead(nn.Module):
         self.softcap = target.logit_softcap
         self.chunk_elems = chunk_elems
         self._weight_cast: tuple[torch.Tensor, torch.Tensor | None] | None = None  # `_cast`'s copy
+        self._draft_rows: tuple[torch.Tensor, torch.Tensor | None] | None = None  # `_draft_weight`'s copy
         self.draft_vocab_size = int(keep.sum())
 
     def _cast(self, device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -92,6 +95,32 @@ class TeacherHead(nn.Module):
             self._weight_cast = (self.weight.to(dtype), None if self.bias is None else self.bias.to(dtype))
         return self._weight_cast
 
+    def _draft_weight(self, device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """lm_head's t2d rows (Vd, H) and bias, in `_cast`'s dtype: copied once (again when that dtype changes)."""
+        weight, bias = self._cast(device_type)
+        if self._draft_rows is None or self._draft_rows[0].dtype != weight.dtype:
+            self._draft_rows = (weight[self.keep].contiguous(), None if bias is None else bias[self.keep])
+        return self._draft_rows
+
+    def _normed(self, final: torch.Tensor) -> torch.Tensor:
+        """final (..., H) -> the final norm's output (n, H), flattened."""
+        return self.norm(final.to(self.weight.dtype)).reshape(-1, final.shape[-1])  # (..., H) -> (n, H)
+
+    def _softcapped(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
+
+    @torch.no_grad()
+    def draft_logits(self, final: torch.Tensor) -> torch.Tensor:
+        """final (..., H) -> the logits over the draft vocabulary (..., Vd) fp32: `forward`'s first output, to the
+        bit, at 1/6 of its cost for SmolLM2 (Vd / V)."""
+        return self._draft(self._normed(final), final.shape[:-1])
+
+    def _draft(self, z: torch.Tensor, lead: torch.Size) -> torch.Tensor:
+        """The normed z (n, H) -> the draft-vocabulary logits (*lead, Vd) fp32."""
+        weight, bias = self._draft_weight(z.device.type)
+        logits = self._softcapped(F.linear(z.to(weight.dtype), weight, bias).float())  # (n, Vd)
+        return logits.view(*lead, self.draft_vocab_size)
+
     @torch.no_grad()
     def forward(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """final (..., H) -> (logits over the draft vocabulary (..., Vd) fp32, top (...) long).
@@ -99,23 +128,18 @@ class TeacherHead(nn.Module):
         `top` is the draft index of the full-vocabulary argmax (first maximum, as torch.argmax), -1 where
         that argmax is outside the draft vocabulary.
         """
-        lead, H = final.shape[:-1], final.shape[-1]
-        z = self.norm(final.to(self.weight.dtype)).reshape(-1, H)  # (..., H) -> (n, H)
+        lead = final.shape[:-1]
+        z = self._normed(final)  # (n, H)
         weight, bias = self._cast(z.device.type)
-        z = z.to(weight.dtype)
+        zc = z.to(weight.dtype)
         step = max(1, self.chunk_elems // self.weight.shape[0])
-        logits, tops = [], []
-        for s in range(0, z.shape[0], step):
-            full = F.linear(z[s : s + step], weight, bias).float()  # (c, V)
-            if self.softcap:
-                full = torch.tanh(full / self.softcap) * self.softcap
+        tops = []
+        for s in range(0, zc.shape[0], step):
+            full = self._softcapped(F.linear(zc[s : s + step], weight, bias).float())  # (c, V)
             top = full.argmax(-1)  # (c,) target ids
-            tops.append(torch.where(self.keep[top], self.draft_index[top], -1))  # (c,)
-            logits.append(full[:, self.keep])  # (c, Vd)
-        Vd = self.draft_vocab_size
-        if not logits:  # no position at all
-            return z.new_zeros(*lead, Vd, dtype=torch.float32), z.new_zeros(lead, dtype=torch.long)
-        return torch.cat(logits).view(*lead, Vd), torch.cat(tops).view(lead)  # (..., Vd), (...)
+            tops.append(torch.where(self.keep[top], self.draft_index[top], -1))  # (c,) draft index or -1
+        top = torch.cat(tops).view(lead) if tops else z.new_zeros(lead, dtype=torch.long)  # (...)
+        return self._draft(z, lead), top  # (..., Vd), (...)
 
 
 # ---------------------------------------------------------------------------------------------------------
