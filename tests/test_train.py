@@ -161,7 +161,7 @@ def test_a_later_epoch_reuses_each_samples_teacher_argmax_and_trains_the_same(
     tmp_path, data, monkeypatch, spb
 ):
     """The teacher's full-vocabulary argmax (its costly lm_head product) is computed once a sample: epoch 2 and
-    the validations after the first compute the draft-vocabulary logits only (train/tops.py). The weights and
+    the validations after the first compute the draft-vocabulary logits only (ttt.TopCache). The weights and
     every record equal those of a run that computes the full teacher every time."""
     _, shards = data
     c = cfg(epochs=2, steps_per_batch=spb, val_every=2)

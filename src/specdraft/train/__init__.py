@@ -9,7 +9,8 @@ The rest, in the order `train` uses it:
   trained one) and the teacher.
 - `batches.py`: sample sources, length-grouped batch plans, collation into a padded `Batch`.
 - `ahead.py`: batches loaded (shards) or captured (online through vLLM) ahead of the trainer, a bounded queue.
-- `ttt.py`: the TTT unroll, its attention mask, the teacher head and the loss (`TTTModel`).
+- `ttt.py`: the TTT unroll, its attention mask, the teacher head (and each sample's teacher argmax, kept from its
+  first batch: `TopCache`) and the loss (`TTTModel`).
 - `distributed.py`: the torchrun process group, DDP / FSDP2 wrapping, all-reduces.
 - `checkpoint.py`: write, prune and restore resumable checkpoints (draft files via `model.checkpoint`).
 - `losses.py`: the token losses of --loss (KL, reverse KL, JS, TV, NLA, LK and weighted sums).

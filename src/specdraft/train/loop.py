@@ -66,9 +66,9 @@ from specdraft.train.optim import make_optimizer
 from specdraft.train.report.metrics import MetricsLog
 from specdraft.train.report.plot import plot_metrics
 from specdraft.train.setup import _lr_lambda, _Setup, _setup, warm_problems
-from specdraft.train.tops import TopCache
 from specdraft.train.ttt import (
     TeacherHead,
+    TopCache,
     TTTModel,
     head_checkpointing,
     keep_mask,
@@ -384,7 +384,7 @@ def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp, tops: TopCac
         else:
             logits, top_n = teacher(b.final[need])  # (N, H) -> (N, Vd), (N,)
             if tops is not None and sids is not None:
-                tops.keep(sids, need, top_n)
+                tops.record(sids, need, top_n)
         logp = F.log_softmax(logits, dim=-1)  # (N, Vd) fp32
         p = logp.exp()  # (N, Vd)
         negent = (p * logp).sum(-1)  # (N,)
