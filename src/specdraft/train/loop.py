@@ -377,13 +377,14 @@ def _teacher(teacher: TeacherHead, b: Batch, cfg: TrainConfig, amp, tops: TopCac
     the draft-vocabulary logits are computed then (the same to the bit)."""
     K = cfg.ttt_steps
     need = teacher_positions(b.loss_mask)  # (B, T)
-    known = tops.known(sids, need) if tops is not None and sids is not None else None  # (N,) or None
+    tops = tops if sids is not None else None  # (no rows named: nothing to key the argmax by)
+    known = tops.known(sids, need) if tops is not None else None  # (N,) or None
     with torch.no_grad(), amp():
         if known is not None:
             logits, top_n = teacher.draft_logits(b.final[need]), known  # (N, H) -> (N, Vd), (N,)
         else:
             logits, top_n = teacher(b.final[need])  # (N, H) -> (N, Vd), (N,)
-            if tops is not None and sids is not None:
+            if tops is not None:
                 tops.record(sids, need, top_n)
         logp = F.log_softmax(logits, dim=-1)  # (N, Vd) fp32
         p = logp.exp()  # (N, Vd)

@@ -173,44 +173,39 @@ class TopCache:
         if len(sids) != need.shape[0]:  # a stand-in row (a rank without a sample): compute
             return None
         rows = []
-        for r, sid in enumerate(sids):
+        for sid, pos in zip(sids, _positions(need)):
             t = self.tops.get(sid)
-            pos = need[r].nonzero().squeeze(1).cpu()  # (n_r,)
-            if len(pos) and (t is None or int(pos[-1]) >= len(t)):
+            if len(pos) and (t is None or int(pos[-1]) >= len(t) or bool((t[pos] == UNKNOWN).any())):
                 return None
-            got = t[pos] if len(pos) else torch.empty(0, dtype=torch.int32)
-            if (got == UNKNOWN).any():
-                return None
-            rows.append(got)
-        return torch.cat(rows).to(need.device, torch.long) if rows else None
+            rows.append(t[pos] if len(pos) else torch.empty(0, dtype=torch.int32))
+        return torch.cat(rows).to(need.device, torch.long)
 
     def record(self, sids: list[int], need: torch.Tensor, top: torch.Tensor) -> None:
         """Record `top` ((N,): `need`'s positions in row-major order) for rows `sids`."""
         if len(sids) != need.shape[0]:
             return
-        top = top.to("cpu", torch.int32)
-        counts = need.sum(1).tolist()
-        at = 0
-        for r, sid in enumerate(sids):
-            n = int(counts[r])
-            if n:
-                t = self.tops.get(sid)
-                T = need.shape[1]
-                if t is None:
-                    if self.entries + T > self.max_entries:
-                        at += n
-                        continue
-                    t = self.tops[sid] = torch.full((T,), UNKNOWN, dtype=torch.int32)
-                    self.entries += T
-                elif len(t) < T:  # a longer row than seen (padding differs by batch): widen
-                    if self.entries + T - len(t) > self.max_entries:
-                        at += n
-                        continue
-                    self.entries += T - len(t)
-                    t = self.tops[sid] = torch.cat([t, torch.full((T - len(t),), UNKNOWN, dtype=torch.int32)])
-                t[need[r].nonzero().squeeze(1).cpu()] = top[at : at + n]
-            at += n
+        top, at = top.to("cpu", torch.int32), 0
+        for sid, pos in zip(sids, _positions(need)):
+            t = self._row(sid, int(pos[-1]) + 1) if len(pos) else None
+            if t is not None:
+                t[pos] = top[at : at + len(pos)]
+            at += len(pos)
         assert at == len(top), (at, len(top))
+
+    def _row(self, sid: int, n: int) -> torch.Tensor | None:
+        """Sample `sid`'s tops, at least `n` long (grown with UNKNOWN); None when that would pass max_entries."""
+        t = self.tops.get(sid, torch.empty(0, dtype=torch.int32))
+        if len(t) < n:
+            if self.entries + n - len(t) > self.max_entries:
+                return None
+            self.entries += n - len(t)
+            t = self.tops[sid] = torch.cat([t, torch.full((n - len(t),), UNKNOWN, dtype=torch.int32)])
+        return t
+
+
+def _positions(need: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's True positions of `need` (B, T), on the CPU (one copy of the mask, not one sync a row)."""
+    return [row.nonzero().squeeze(1) for row in need.cpu()]
 
 
 # ---------------------------------------------------------------------------------------------------------
